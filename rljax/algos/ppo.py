@@ -1,0 +1,336 @@
+"""Proximal Policy Optimisation on batched gymnax environments, as pure functions.
+
+    ppo = PPO(PPOConfig(env="CartPole-v1"))
+    state = ppo.init(jax.random.key(0))        # PPOState pytree
+    state, metrics = ppo.update(state)          # one rollout + epochs x minibatches of SGD
+
+Both can be ``jax.jit``-ed, ``jax.vmap``-ed over keys (seeds) and composed; ``rljax.runner``
+adds shardings, chunking and logging around them. Shapes: ``T = num_steps``, ``B = num_envs``,
+``D`` the flattened observation, ``A`` the number of actions.
+
+Truncation: a time-limit end bootstraps from ``V(final_observation)``; a termination does not.
+The critic is evaluated on every step's ``final_obs`` in one batched call after the rollout, which
+also provides the value of the next observation for steps that did not end an episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from rljax.envs import BatchedEnv, EnvBatch, Transition, check_env_name
+from rljax.errors import ConfigError
+from rljax.networks import ActorCritic, distributions
+from rljax.networks.mlp import check_tensor_parallel, check_torso, init_dummy_obs
+from rljax.parallel.sharding import LOGICAL_RULES, LogicalRules, batch_spec_like, constrain
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyperparameters (defaults: PureJaxRL's CartPole settings)."""
+
+    env: str = "CartPole-v1"
+    """gymnax environment with discrete actions."""
+    num_envs: int = 4
+    """parallel environments (the batch, sharded along `data`)."""
+    num_steps: int = 128
+    """rollout length per update."""
+    total_timesteps: int = 500_000
+    """environment steps per seed; rounded down to whole updates."""
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    lr: float = 2.5e-4
+    anneal_lr: bool = True
+    """linear decay of the learning rate to 0 over training."""
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_eps: float = 0.2
+    clip_value_loss: bool = True
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    actor_widths: tuple[int, ...] = (64, 64)
+    critic_widths: tuple[int, ...] = (64, 64)
+    torso_widths: tuple[int, ...] = ()
+    """shared layers before both towers (an even number of layers)."""
+    activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+
+def validate(config: PPOConfig, data_size: int = 1, model_size: int = 1) -> None:
+    """Raise ``ConfigError`` naming the first invalid field; called before anything compiles."""
+    check_env_name(config.env)
+    positive = ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches")
+    for name in positive:
+        if getattr(config, name) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {getattr(config, name)}")
+    if not config.lr > 0:
+        raise ConfigError(f"lr (learning rate) must be > 0, got {config.lr}")
+    for name in ("gamma", "gae_lambda"):
+        if not 0.0 <= getattr(config, name) <= 1.0:
+            raise ConfigError(f"{name} must be in [0, 1], got {getattr(config, name)}")
+    for name in ("clip_eps", "ent_coef", "vf_coef", "max_grad_norm"):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{name} must be >= 0, got {getattr(config, name)}")
+    if config.num_envs % data_size:
+        raise ConfigError(
+            f"num_envs={config.num_envs} is not divisible by the data axis size {data_size}; "
+            f"use a multiple of {data_size}"
+        )
+    if config.batch_size % config.num_minibatches:
+        raise ConfigError(
+            f"num_minibatches={config.num_minibatches} does not divide the batch "
+            f"num_envs*num_steps={config.batch_size}"
+        )
+    if config.minibatch_size % data_size:
+        raise ConfigError(
+            f"minibatch size {config.minibatch_size} (batch {config.batch_size} / "
+            f"{config.num_minibatches} minibatches) is not divisible by the data axis size {data_size}"
+        )
+    if config.num_updates < 1:
+        raise ConfigError(
+            f"total_timesteps={config.total_timesteps} is less than one update "
+            f"(num_envs*num_steps={config.batch_size})"
+        )
+    check_torso(config.torso_widths)
+    check_tensor_parallel(
+        {"torso": config.torso_widths, "actor": config.actor_widths, "critic": config.critic_widths},
+        model_size,
+    )
+
+
+@struct.dataclass
+class PPOState:
+    params: Any
+    opt_state: Any
+    env: EnvBatch
+    key: jax.Array
+    update_step: jax.Array  # int32 scalar: updates done
+
+
+class Rollout(struct.PyTreeNode):
+    """A rollout, every leaf ``[T, B@data, ...]``."""
+
+    transition: Transition
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+
+
+def gae(
+    rewards: jax.Array,
+    values: jax.Array,
+    next_values: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation, ``[T, B]`` inputs -> ``(advantages, returns)``.
+
+    ``next_values[t]`` is ``V`` of the observation after step ``t`` *before* any reset
+    (``final_observation``). It is dropped on termination; the trace is cut at every episode end.
+    """
+    ended = jnp.logical_or(terminated, truncated).astype(jnp.float32)
+    bootstrap = 1.0 - terminated.astype(jnp.float32)
+    deltas = rewards + gamma * bootstrap * next_values - values
+
+    def backward(next_advantage, xs):
+        delta, end = xs
+        advantage = delta + gamma * gae_lambda * (1.0 - end) * next_advantage
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(
+        backward, jnp.zeros_like(deltas[0]), (deltas, ended), reverse=True, unroll=16
+    )
+    return advantages, advantages + values
+
+
+class PPO:
+    """PPO built from a config; methods are pure functions of their array arguments."""
+
+    def __init__(self, config: PPOConfig, rules: LogicalRules = LOGICAL_RULES):
+        self.config = config
+        self.rules = dict(rules)
+        self.env = BatchedEnv(config.env, config.num_envs, self.rules)
+        self.network = ActorCritic(
+            num_actions=self.env.spec.num_actions,
+            actor_widths=config.actor_widths,
+            critic_widths=config.critic_widths,
+            torso_widths=config.torso_widths,
+            activation=config.activation,
+            rules=tuple(self.rules.items()),
+        )
+        c = config
+        steps_per_update = c.update_epochs * c.num_minibatches
+        if c.anneal_lr:
+            # Constant within an update, as in PureJaxRL: lr * (1 - updates_done / num_updates).
+            def lr(count):
+                return c.lr * (1.0 - (count // steps_per_update) / c.num_updates)
+        else:
+            lr = c.lr
+        self.optimizer = optax.chain(
+            optax.clip_by_global_norm(c.max_grad_norm), optax.adam(lr, eps=1e-5)
+        )
+
+    # -- initialisation ---------------------------------------------------------------------------
+    def init_boxed(self, key: jax.Array) -> PPOState:
+        """``init`` with parameters and optimizer moments still wrapped in logical-axis boxes."""
+        net_key, env_key, key = jax.random.split(key, 3)
+        params = self.network.init(net_key, init_dummy_obs((self.env.spec.obs_dim,)))
+        opt_state = self.optimizer.init(params)
+        env = self.env.reset(env_key)
+        return PPOState(params, opt_state, env, key, jnp.zeros((), jnp.int32))
+
+    def init(self, key: jax.Array) -> PPOState:
+        """``key`` -> a fresh ``PPOState`` (plain arrays)."""
+        return nn.meta.unbox(self.init_boxed(key))
+
+    def logical_specs(self) -> PPOState:
+        """Logical ``PartitionSpec`` of every leaf of the state (for ``rljax.runner``)."""
+        abstract = jax.eval_shape(self.init_boxed, jax.random.key(0))
+        specs = nn.get_partition_spec(abstract)
+        return specs.replace(env=batch_spec_like(abstract.env))
+
+    # -- acting -----------------------------------------------------------------------------------
+    def policy(self, params, obs: jax.Array):
+        """``obs: [B@data, D]`` -> ``(logits [B@data, A], value [B@data])``."""
+        return self.network.apply(params, obs)
+
+    def value(self, params, obs: jax.Array) -> jax.Array:
+        return self.network.apply(params, obs, method=ActorCritic.value)
+
+    def rollout(self, params, env: EnvBatch, key: jax.Array) -> tuple[EnvBatch, Rollout]:
+        """``num_steps`` batched steps -> the new ``EnvBatch`` and a ``Rollout`` ``[T, B@data]``."""
+
+        def step(carry, step_key):
+            env = carry
+            act_key, env_key = jax.random.split(step_key)
+            logits, value = self.policy(params, env.obs)
+            action = distributions.sample(act_key, logits)
+            log_prob = distributions.log_prob(logits, action)
+            env, transition = self.env.step(env_key, env, action)
+            return env, Rollout(transition, action, log_prob, value)
+
+        keys = jax.random.split(key, self.config.num_steps)
+        return jax.lax.scan(step, env, keys)
+
+    # -- learning ---------------------------------------------------------------------------------
+    def loss(self, params, batch: dict[str, jax.Array]):
+        """Clipped PPO loss on one minibatch ``[N@data, ...]`` -> ``(loss, aux metrics)``."""
+        c = self.config
+        logits, value = self.policy(params, batch["obs"])
+        log_prob = distributions.log_prob(logits, batch["action"])
+        log_ratio = log_prob - batch["log_prob"]
+        ratio = jnp.exp(log_ratio)
+        adv = batch["advantage"]
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        policy_loss = -jnp.minimum(
+            ratio * adv, jnp.clip(ratio, 1.0 - c.clip_eps, 1.0 + c.clip_eps) * adv
+        ).mean()
+        value_error = jnp.square(value - batch["return"])
+        if c.clip_value_loss:
+            clipped = batch["value"] + jnp.clip(value - batch["value"], -c.clip_eps, c.clip_eps)
+            value_error = jnp.maximum(value_error, jnp.square(clipped - batch["return"]))
+        value_loss = 0.5 * value_error.mean()
+        entropy = distributions.entropy(logits).mean()
+        loss = policy_loss + c.vf_coef * value_loss - c.ent_coef * entropy
+        aux = {
+            "policy_loss": policy_loss,
+            "value_loss": value_loss,
+            "entropy": entropy,
+            "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
+            "clip_fraction": (jnp.abs(ratio - 1.0) > c.clip_eps).mean(),
+        }
+        return loss, aux
+
+    def _sgd_step(self, carry, minibatch):
+        params, opt_state = carry
+        (loss, aux), grads = jax.value_and_grad(self.loss, has_aux=True)(params, minibatch)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return (params, opt_state), {**aux, "loss": loss, "grad_norm": optax.global_norm(grads)}
+
+    def _epoch(self, carry, key, batch):
+        c = self.config
+        permutation = jax.random.permutation(key, c.batch_size)
+        # [N] -> [M, N/M]: each minibatch stays sharded along `data`.
+        minibatches = jax.tree.map(
+            lambda x: constrain(
+                jnp.take(x, permutation, axis=0).reshape(
+                    c.num_minibatches, c.minibatch_size, *x.shape[1:]
+                ),
+                None,
+                "batch",
+                rules=self.rules,
+            ),
+            batch,
+        )
+        return jax.lax.scan(self._sgd_step, carry, minibatches)
+
+    def update(self, state: PPOState) -> tuple[PPOState, dict[str, jax.Array]]:
+        """One PPO iteration: rollout, GAE, ``update_epochs`` x shuffled minibatches."""
+        c = self.config
+        key, rollout_key, epoch_key = jax.random.split(state.key, 3)
+        env, rollout = self.rollout(state.params, state.env, rollout_key)
+        tr = rollout.transition
+        next_values = jax.vmap(self.value, in_axes=(None, 0))(state.params, tr.final_obs)
+        advantages, returns = gae(
+            tr.reward, rollout.value, next_values, tr.terminated, tr.truncated, c.gamma, c.gae_lambda
+        )
+        samples = {
+            "obs": tr.obs,
+            "action": rollout.action,
+            "log_prob": rollout.log_prob,
+            "value": rollout.value,
+            "advantage": advantages,
+            "return": returns,
+        }
+        # [T, B@data, ...] -> [B@data * T, ...]: env-major so the flat axis keeps the data split.
+        batch = jax.tree.map(
+            lambda x: constrain(
+                jnp.swapaxes(x, 0, 1).reshape(c.batch_size, *x.shape[2:]), "batch", rules=self.rules
+            ),
+            samples,
+        )
+        (params, opt_state), sgd_metrics = jax.lax.scan(
+            lambda carry, k: self._epoch(carry, k, batch),
+            (state.params, state.opt_state),
+            jax.random.split(epoch_key, c.update_epochs),
+        )
+        stats = env.stats
+        finished = stats.completed > 0
+        metrics = jax.tree.map(jnp.mean, sgd_metrics)
+        metrics.update(
+            episode_return=jnp.sum(jnp.where(finished, stats.last_return, 0.0))
+            / jnp.maximum(finished.sum(), 1),
+            episode_length=jnp.sum(jnp.where(finished, stats.last_length, 0))
+            / jnp.maximum(finished.sum(), 1),
+            episodes=stats.completed.sum(),
+            truncations=tr.truncated.sum(),
+            terminations=tr.terminated.sum(),
+        )
+        new_state = PPOState(params, opt_state, env, key, state.update_step + 1)
+        return new_state, metrics
+
+    def env_steps(self, state: PPOState) -> jax.Array:
+        return state.update_step * self.config.batch_size
+
+

@@ -1,0 +1,139 @@
+"""Batched gymnax environments with flattened observations and episode statistics.
+
+Arrays carry a leading environment axis ``B`` sharded along ``data`` (the ``batch`` rule).
+gymnax >= 1.0 auto-resets inside ``step``; the observation it returns after an episode ends is
+the first of the next episode, and ``final_observation`` is the last one of the old episode, which
+a learner needs to bootstrap through a time-limit truncation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import gymnax
+import jax
+import jax.numpy as jnp
+from flax import struct
+from gymnax.environments import spaces
+
+from rljax.errors import ConfigError
+from rljax.parallel.sharding import LOGICAL_RULES, LogicalRules, constrain_batch
+
+# Discrete-action gymnax environments (MNISTBandit-bsuite is left out: it downloads MNIST).
+DISCRETE_ENVS = (
+    "CartPole-v1",
+    "Acrobot-v1",
+    "MountainCar-v0",
+    "Asterix-MinAtar",
+    "Breakout-MinAtar",
+    "Freeway-MinAtar",
+    "Seaquest-MinAtar",
+    "SpaceInvaders-MinAtar",
+    "Catch-bsuite",
+    "DeepSea-bsuite",
+    "MemoryChain-bsuite",
+    "UmbrellaChain-bsuite",
+    "DiscountingChain-bsuite",
+    "SimpleBandit-bsuite",
+    "FourRooms-misc",
+    "MetaMaze-misc",
+    "BernoulliBandit-misc",
+    "GaussianBandit-misc",
+    "Pong-misc",
+    "FrozenLake-misc",
+)
+
+
+def check_env_name(name: str) -> None:
+    if name not in DISCRETE_ENVS:
+        raise ConfigError(
+            f"unknown environment {name!r}; known discrete-action gymnax environments: "
+            + ", ".join(DISCRETE_ENVS)
+        )
+
+
+class EnvSpec(NamedTuple):
+    name: str
+    obs_dim: int  # flattened
+    num_actions: int
+
+
+@struct.dataclass
+class EpisodeStats:
+    """Per-environment running and last-completed episode return/length, all ``[B@data]``."""
+
+    running_return: jax.Array
+    running_length: jax.Array
+    last_return: jax.Array
+    last_length: jax.Array
+    completed: jax.Array  # episodes finished since the start of training
+
+
+class Transition(NamedTuple):
+    """One batched step. ``final_obs`` is ``obs_next`` unless the episode ended here."""
+
+    obs: jax.Array  # [B@data, D] the observation acted on
+    reward: jax.Array  # [B@data]
+    terminated: jax.Array  # [B@data] bool, true end: no bootstrap
+    truncated: jax.Array  # [B@data] bool, time limit without termination: bootstrap
+    final_obs: jax.Array  # [B@data, D] last observation of the step (pre-reset)
+
+
+@struct.dataclass
+class EnvBatch:
+    state: Any  # gymnax env state, leaves [B@data, ...]
+    obs: jax.Array  # [B@data, D]
+    stats: EpisodeStats
+
+
+class BatchedEnv:
+    """``num_envs`` copies of one gymnax environment, vmapped and sharded along ``data``."""
+
+    def __init__(self, name: str, num_envs: int, rules: LogicalRules = LOGICAL_RULES):
+        check_env_name(name)
+        self.env, self.params = gymnax.make(name)
+        action_space = self.env.action_space(self.params)
+        if not isinstance(action_space, spaces.Discrete):
+            raise ConfigError(f"{name} has a {type(action_space).__name__} action space; need Discrete")
+        obs_shape = self.env.observation_space(self.params).shape
+        self.spec = EnvSpec(name, int(math.prod(obs_shape)), int(action_space.n))
+        self.num_envs = num_envs
+        self.rules = rules
+
+    def _flat(self, obs):
+        return obs.reshape(self.num_envs, -1).astype(jnp.float32)
+
+    def reset(self, key: jax.Array) -> EnvBatch:
+        keys = jax.random.split(key, self.num_envs)
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
+        zeros_f = jnp.zeros(self.num_envs, jnp.float32)
+        zeros_i = jnp.zeros(self.num_envs, jnp.int32)
+        stats = EpisodeStats(zeros_f, zeros_i, zeros_f, zeros_i, zeros_i)
+        return constrain_batch(EnvBatch(state, self._flat(obs), stats), self.rules)
+
+    def step(self, key: jax.Array, batch: EnvBatch, action: jax.Array):
+        """``action: [B@data]`` -> ``(EnvBatch, Transition)``."""
+        keys = jax.random.split(key, self.num_envs)
+        obs, state, reward, terminated, truncated, info = jax.vmap(
+            self.env.step, in_axes=(0, 0, 0, None)
+        )(keys, batch.state, action, self.params)
+        reward = reward.astype(jnp.float32)
+        terminated = terminated.astype(bool)
+        truncated = jnp.logical_and(truncated.astype(bool), jnp.logical_not(terminated))
+        done = jnp.logical_or(terminated, truncated)
+        s = batch.stats
+        ep_return = s.running_return + reward
+        ep_length = s.running_length + 1
+        stats = EpisodeStats(
+            running_return=jnp.where(done, 0.0, ep_return),
+            running_length=jnp.where(done, 0, ep_length),
+            last_return=jnp.where(done, ep_return, s.last_return),
+            last_length=jnp.where(done, ep_length, s.last_length),
+            completed=s.completed + done.astype(jnp.int32),
+        )
+        new_batch = constrain_batch(EnvBatch(state, self._flat(obs), stats), self.rules)
+        transition = Transition(
+            batch.obs, reward, terminated, truncated, self._flat(info["final_observation"])
+        )
+        return new_batch, transition

@@ -1,0 +1,6 @@
+"""Flax networks with logically-named, tensor-parallel parameters."""
+
+from rljax.networks import distributions
+from rljax.networks.mlp import ACTIVATIONS, ActorCritic, MLPTower, check_tensor_parallel
+
+__all__ = ["ACTIVATIONS", "ActorCritic", "MLPTower", "check_tensor_parallel", "distributions"]

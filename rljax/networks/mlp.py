@@ -1,0 +1,138 @@
+"""Tensor-parallel MLPs and the PPO actor-critic.
+
+Megatron layout over the ``model`` mesh axis: even layers split their kernel by columns
+(``[embed, hidden@model]``: each device computes a slice of the outputs, no communication), odd
+layers by rows (``[hidden@model, embed]``: each device holds a slice of the inputs and the partial
+products are summed by one all-reduce). So every two-layer block costs one all-reduce of
+``[batch, width]`` activations. A head after an odd number of layers sees model-sharded features
+and is row-split as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.errors import ConfigError
+from rljax.parallel.sharding import LOGICAL_RULES, constrain
+
+ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu, "silu": nn.silu}
+RulesTuple = tuple[tuple[str, str | None], ...]
+DEFAULT_RULES: RulesTuple = tuple(LOGICAL_RULES.items())
+
+
+def dense(features, kernel_axes, bias_axes, scale, name):
+    return nn.Dense(
+        features,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.orthogonal(scale), kernel_axes),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), bias_axes),
+        name=name,
+    )
+
+
+def layer_axes(index: int) -> tuple[tuple[str, str], tuple[str]]:
+    """Logical (kernel, bias) axes of hidden layer ``index``: column-split even, row-split odd."""
+    if index % 2 == 0:
+        return ("embed", "hidden"), ("hidden",)
+    return ("hidden", "embed"), ("embed",)
+
+
+def output_axis(num_layers: int) -> str:
+    """Logical axis of the features leaving ``num_layers`` hidden layers."""
+    return "hidden" if num_layers % 2 else "embed"
+
+
+class MLPTower(nn.Module):
+    """``x: [B@data, D]`` -> ``[B@data, widths[-1]]`` (model-sharded if ``len(widths)`` is odd)."""
+
+    widths: Sequence[int]
+    activation: str = "tanh"
+    rules: RulesTuple = DEFAULT_RULES
+
+    @nn.compact
+    def __call__(self, x):
+        rules = dict(self.rules)
+        act = ACTIVATIONS[self.activation]
+        for i, width in enumerate(self.widths):
+            kernel_axes, bias_axes = layer_axes(i)
+            x = act(dense(width, kernel_axes, bias_axes, np.sqrt(2), f"dense_{i}")(x))
+            x = constrain(x, "batch", bias_axes[0], rules=rules)
+        return x
+
+
+def head(features: int, in_axis: str, out_axis: str, scale: float, name: str):
+    return dense(features, (in_axis, out_axis), (out_axis,), scale, name)
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic towers over an optional shared torso.
+
+    ``obs: [B@data, D]`` -> ``(logits: [B@data, A], value: [B@data])``.
+    """
+
+    num_actions: int
+    actor_widths: Sequence[int] = (64, 64)
+    critic_widths: Sequence[int] = (64, 64)
+    torso_widths: Sequence[int] = ()
+    activation: str = "tanh"
+    rules: RulesTuple = DEFAULT_RULES
+
+    def setup(self):
+        self.torso = MLPTower(self.torso_widths, self.activation, self.rules)
+        self.actor = MLPTower(self.actor_widths, self.activation, self.rules)
+        self.critic = MLPTower(self.critic_widths, self.activation, self.rules)
+        # The towers restart the column/row alternation, so the torso must end replicated.
+        self.policy_head = head(
+            self.num_actions, output_axis(len(self.actor_widths)), "actions", 0.01, "policy_head"
+        )
+        self.value_head = head(1, output_axis(len(self.critic_widths)), "value", 1.0, "value_head")
+
+    def _features(self, obs):
+        x = constrain(obs.reshape(obs.shape[0], -1), "batch", "embed", rules=dict(self.rules))
+        return self.torso(x)
+
+    def __call__(self, obs):
+        x = self._features(obs)
+        return self._logits(x), self._value(x)
+
+    def _logits(self, x):
+        rules = dict(self.rules)
+        return constrain(self.policy_head(self.actor(x)), "batch", "actions", rules=rules)
+
+    def _value(self, x):
+        rules = dict(self.rules)
+        return constrain(self.value_head(self.critic(x))[:, 0], "batch", rules=rules)
+
+    def value(self, obs):
+        """Critic only: ``obs: [B@data, D]`` -> ``[B@data]``."""
+        return self._value(self._features(obs))
+
+
+def check_tensor_parallel(name_to_widths: dict[str, Sequence[int]], model_size: int) -> None:
+    """Every column-split layer's width must divide by the ``model`` axis size."""
+    for tower, widths in name_to_widths.items():
+        if len(widths) and any(w < 1 for w in widths):
+            raise ConfigError(f"{tower}: layer widths must be >= 1, got {tuple(widths)}")
+        for i, width in enumerate(widths):
+            if i % 2 == 0 and width % model_size:
+                raise ConfigError(
+                    f"{tower}/dense_{i}: width {width} is not divisible by the model axis size "
+                    f"{model_size} (column-split layers are sharded over `model`); choose widths "
+                    f"that are multiples of {model_size}"
+                )
+
+
+def check_torso(torso_widths: Sequence[int]) -> None:
+    if len(torso_widths) % 2:
+        raise ConfigError(
+            f"torso_widths {tuple(torso_widths)}: a shared torso needs an even number of layers "
+            "so that its output is replicated before the actor and critic towers"
+        )
+
+
+def init_dummy_obs(obs_shape: tuple[int, ...]) -> jax.Array:
+    return jnp.zeros((1, *obs_shape), jnp.float32)

@@ -1,0 +1,94 @@
+"""What a run leaves on disk: ``config.json``, ``metrics.jsonl`` (one row per update) and a plot."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _jsonable(value):
+    if isinstance(value, np.ndarray):
+        return [_jsonable(v) for v in value.tolist()] if value.ndim else _jsonable(value.item())
+    if isinstance(value, (np.floating, float)):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def default_run_name(algo: str, env: str) -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{algo}-{env}-{stamp}"
+
+
+class RunLog:
+    """Writes one run directory; every write is flushed so a killed run keeps its rows."""
+
+    def __init__(self, run_dir: str | Path):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config_path = self.dir / "config.json"
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.plot_path = self.dir / "learning_curve.png"
+        self._metrics_file = open(self.metrics_path, "a")
+
+    def write_config(self, **sections: Any) -> None:
+        data = {
+            k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+            for k, v in sections.items()
+        }
+        self.config_path.write_text(json.dumps(_jsonable_tree(data), indent=2) + "\n")
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            self._metrics_file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+        self._metrics_file.flush()
+
+    def close(self) -> None:
+        self._metrics_file.close()
+
+
+def _jsonable_tree(value):
+    if isinstance(value, dict):
+        return {k: _jsonable_tree(v) for k, v in value.items()}
+    return _jsonable(value)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_learning_curve(metrics_path: str | Path, out_path: str | Path, title: str = "") -> Path:
+    """Episode return against environment steps: seed mean, with a min-max band over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in read_metrics(metrics_path) if r.get("episodes", 0)]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if rows:
+        steps = np.array([r["env_steps"] for r in rows])
+        ax.plot(steps, [r["episode_return"] for r in rows], label="mean over seeds")
+        if "episode_return_per_seed" in rows[0]:
+            per_seed = np.array([r["episode_return_per_seed"] for r in rows], dtype=float)
+            ax.fill_between(steps, per_seed.min(1), per_seed.max(1), alpha=0.25, label="min-max")
+            ax.legend()
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("episode return")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+    return Path(out_path)

@@ -1,0 +1,252 @@
+"""Sharded execution of an algorithm, and the host loop that logs between jitted chunks.
+
+    run = ShardedRun(PPO(config, rules), mesh, num_seeds=8)
+    state = run.init(jax.random.key(0))          # born sharded: jit(init, out_shardings=...)
+    state, metrics = run.run_chunk(state, 20)    # 20 updates in one compiled call
+
+``train(algo_config, RunConfig(...))`` is the whole job: validation, mesh, run directory,
+progress, ``metrics.jsonl`` and the learning curve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from rljax.algos import ALGORITHMS, PPOConfig
+from rljax.algos import ppo as ppo_module
+from rljax.errors import ConfigError
+from rljax.parallel import make_mesh, mesh_spec_of, set_num_cpu_devices
+from rljax.parallel.sharding import (
+    LOGICAL_RULES,
+    logical_specs_to_shardings,
+    prepend_axis,
+    rules_with,
+)
+from rljax.run_log import RunLog, default_run_name, plot_learning_curve
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Where and how a run executes (not part of the algorithm's maths)."""
+
+    mesh: str = "data=1,model=1"
+    """device mesh, e.g. 'data=2,model=2'; one axis may be -1 (all remaining devices)."""
+    num_devices: int | None = None
+    """emulate this many CPU devices (must be set before JAX starts)."""
+    seed: int = 0
+    num_seeds: int = 1
+    """independent seeds vmapped inside one jit."""
+    seed_axis: Literal["none", "data"] = "none"
+    """'data' places the seeds on the data axis (each seed's envs then stay on one data shard)."""
+    log_every: int = 25
+    """updates per jitted chunk; progress and metrics are written between chunks."""
+    run_name: str | None = None
+    """run directory name under runs_dir (default: <algo>-<env>-<time>)."""
+    runs_dir: str = "runs"
+    quiet: bool = False
+
+
+def validate_run(run: RunConfig, mesh: Mesh) -> None:
+    if run.num_seeds < 1:
+        raise ConfigError(f"num_seeds must be >= 1, got {run.num_seeds}")
+    if run.log_every < 1:
+        raise ConfigError(f"log_every must be >= 1, got {run.log_every}")
+    if run.seed_axis == "data" and run.num_seeds % mesh.shape["data"]:
+        raise ConfigError(
+            f"seed_axis='data' needs num_seeds ({run.num_seeds}) divisible by the data axis size "
+            f"{mesh.shape['data']}"
+        )
+
+
+def rules_for(run: RunConfig) -> dict[str, str | None]:
+    """Seeds on `data` take the axis from the environment batch."""
+    if run.seed_axis == "data":
+        return rules_with(seed="data", batch=None)
+    return dict(LOGICAL_RULES)
+
+
+class ShardedRun:
+    """An algorithm placed on a mesh: sharded init and a compiled chunk runner.
+
+    With ``num_seeds > 1`` every leaf of the state gains a leading seed axis ``[S@seed_rule]``.
+    """
+
+    def __init__(self, algo, mesh: Mesh, num_seeds: int = 1, chunk_size: int = 25):
+        self.algo = algo
+        self.mesh = mesh
+        self.num_seeds = num_seeds
+        self.chunk_size = chunk_size
+        specs = algo.logical_specs()
+        if num_seeds > 1:
+            specs = prepend_axis(specs, "seed")
+        self.state_shardings = logical_specs_to_shardings(specs, mesh, algo.rules)
+        if num_seeds > 1:
+            seed_mesh_axis = algo.rules["seed"]
+            self._update = jax.vmap(algo.update, spmd_axis_name=seed_mesh_axis)
+            self._init = jax.vmap(algo.init)
+        else:
+            self._update, self._init = algo.update, algo.init
+        self._init_jit = jax.jit(self._init_from_seed_key, out_shardings=self.state_shardings)
+        self._chunk_jit = jax.jit(
+            self._run_updates, out_shardings=(self.state_shardings, None), donate_argnums=0
+        )
+        self.compile_seconds: dict[str, float] = {}
+
+    def _init_from_seed_key(self, key):
+        if self.num_seeds > 1:
+            return self._init(jax.random.split(key, self.num_seeds))
+        return self._init(key)
+
+    def _run_updates(self, state, num_updates):
+        """Up to ``chunk_size`` updates; metrics ``[chunk_size, (S,)]``, rows past ``num_updates``
+        are zeros. A traced trip count keeps one compiled program for every chunk length."""
+        metric_shapes = jax.eval_shape(self._update, state)[1]
+        buffer = jax.tree.map(
+            lambda m: jnp.zeros((self.chunk_size, *m.shape), m.dtype), metric_shapes
+        )
+
+        def body(i, carry):
+            state, buffer = carry
+            state, metrics = self._update(state)
+            buffer = jax.tree.map(lambda b, m: b.at[i].set(m), buffer, metrics)
+            return state, buffer
+
+        return jax.lax.fori_loop(0, num_updates, body, (state, buffer))
+
+    def init(self, key: jax.Array):
+        with jax.set_mesh(self.mesh):
+            return self._init_jit(key)
+
+    def compile(self, key: jax.Array) -> None:
+        """Compile init and the chunk runner ahead of time; timings in ``compile_seconds``."""
+        with jax.set_mesh(self.mesh):
+            t0 = time.perf_counter()
+            self._init_jit = self._init_jit.lower(key).compile()
+            t1 = time.perf_counter()
+            abstract_state = jax.tree.map(
+                lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                jax.eval_shape(self._init_from_seed_key, key),
+                self.state_shardings,
+            )
+            self._chunk_jit = self._chunk_jit.lower(abstract_state, jnp.int32(0)).compile()
+            t2 = time.perf_counter()
+        self.compile_seconds = {"init": t1 - t0, "chunk": t2 - t1}
+
+    def run_chunk(self, state, num_updates: int):
+        if not 0 < num_updates <= self.chunk_size:
+            raise ValueError(f"num_updates must be in [1, {self.chunk_size}], got {num_updates}")
+        with jax.set_mesh(self.mesh):
+            return self._chunk_jit(state, jnp.int32(num_updates))
+
+
+@dataclasses.dataclass
+class TrainResult:
+    state: Any
+    metrics: list[dict[str, Any]]
+    run_dir: Path
+    compile_seconds: dict[str, float]
+    steps_per_second: float
+
+
+def build_algorithm(algo_config, rules):
+    for config_type, algo_type in ALGORITHMS.values():
+        if isinstance(algo_config, config_type):
+            return algo_type(algo_config, rules)
+    raise ConfigError(f"unknown algorithm config {type(algo_config).__name__}")
+
+
+def algorithm_name(algo_config) -> str:
+    for name, (config_type, _) in ALGORITHMS.items():
+        if isinstance(algo_config, config_type):
+            return name
+    raise ConfigError(f"unknown algorithm config {type(algo_config).__name__}")
+
+
+def validate_algorithm(algo_config, mesh: Mesh, run: RunConfig) -> None:
+    env_data_size = 1 if run.seed_axis == "data" else mesh.shape["data"]
+    if isinstance(algo_config, PPOConfig):
+        ppo_module.validate(algo_config, env_data_size, mesh.shape["model"])
+
+
+def prepare(algo_config, run: RunConfig) -> tuple[Mesh, Any]:
+    """Validate everything and build mesh and algorithm; raises ``ConfigError`` before compiling."""
+    if run.num_devices is not None:
+        set_num_cpu_devices(run.num_devices)
+    mesh = make_mesh(run.mesh)
+    validate_run(run, mesh)
+    validate_algorithm(algo_config, mesh, run)
+    return mesh, build_algorithm(algo_config, rules_for(run))
+
+
+def _rows(metrics, first_update: int, count: int, batch_size: int, num_seeds: int):
+    metrics = jax.device_get(metrics)
+    rows = []
+    for i in range(count):
+        update = first_update + i + 1
+        row = {"update": update, "env_steps": update * batch_size}
+        for name, values in metrics.items():
+            value = np.asarray(values[i])
+            row[name] = value.mean() if num_seeds > 1 else value
+        if num_seeds > 1:
+            row["episode_return_per_seed"] = np.asarray(metrics["episode_return"][i])
+        rows.append(row)
+    return rows
+
+
+def train(algo_config, run: RunConfig = RunConfig(), progress=print) -> TrainResult:
+    """Validate, build, compile and run to ``total_timesteps``, logging between chunks."""
+    mesh, algo = prepare(algo_config, run)
+    name = algorithm_name(algo_config)
+    run_dir = Path(run.runs_dir) / (run.run_name or default_run_name(name, algo_config.env))
+    say = (lambda *a, **k: None) if run.quiet else progress
+    log = RunLog(run_dir)
+    log.write_config(
+        algorithm=name,
+        algo=algo_config,
+        run=run,
+        mesh={"spec": mesh_spec_of(mesh), "devices": mesh.devices.size},
+        backend=jax.default_backend(),
+        jax_version=jax.__version__,
+    )
+    sharded = ShardedRun(algo, mesh, run.num_seeds, min(run.log_every, algo_config.num_updates))
+    key = jax.random.key(run.seed)
+    say(
+        f"rljax {name} on {algo_config.env}: mesh {mesh_spec_of(mesh)} "
+        f"({jax.default_backend()}), {run.num_seeds} seed(s), {algo_config.num_updates} updates "
+        f"x {algo_config.batch_size} steps"
+    )
+    sharded.compile(key)
+    say(f"compiled in {sum(sharded.compile_seconds.values()):.1f} s")
+    state = sharded.init(key)
+    num_updates, done, all_rows = algo_config.num_updates, 0, []
+    batch, seeds = algo_config.batch_size, run.num_seeds
+    t_start = time.perf_counter()
+    try:
+        while done < num_updates:
+            count = min(sharded.chunk_size, num_updates - done)
+            state, metrics = sharded.run_chunk(state, count)
+            rows = _rows(metrics, done, count, batch, seeds)  # device_get: waits for the chunk
+            done += count
+            log.append(rows)
+            all_rows.extend(rows)
+            elapsed = time.perf_counter() - t_start
+            sps = done * batch * seeds / elapsed
+            recent = np.mean([r["episode_return"] for r in rows])
+            say(
+                f"  update {done:>6}/{num_updates}  env steps {done * batch:>10,}  "
+                f"{sps:>10,.0f} steps/s  return {recent:8.1f}"
+            )
+    finally:
+        log.close()
+    steps_per_second = num_updates * batch * seeds / (time.perf_counter() - t_start)
+    plot_learning_curve(log.metrics_path, log.plot_path, f"{name} {algo_config.env}")
+    say(f"wrote {log.config_path}\n      {log.metrics_path}\n      {log.plot_path}")
+    return TrainResult(state, all_rows, run_dir, sharded.compile_seconds, steps_per_second)
