@@ -11,11 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-import gymnax
 import jax
 import jax.numpy as jnp
 from flax import struct
-from gymnax.environments import spaces
 
 from rljax.errors import ConfigError
 from rljax.parallel.sharding import LOGICAL_RULES, LogicalRules, constrain_batch
@@ -92,6 +90,11 @@ class BatchedEnv:
 
     def __init__(self, name: str, num_envs: int, rules: LogicalRules = LOGICAL_RULES):
         check_env_name(name)
+        # Imported here: importing gymnax starts the JAX backend, which must wait until the
+        # number of emulated CPU devices is set.
+        import gymnax
+        from gymnax.environments import spaces
+
         self.env, self.params = gymnax.make(name)
         action_space = self.env.action_space(self.params)
         if not isinstance(action_space, spaces.Discrete):
