@@ -201,8 +201,9 @@ def _rows(metrics, first_update: int, count: int, batch_size: int, num_seeds: in
     return rows
 
 
-def train(algo_config, run: RunConfig = RunConfig(), progress=print) -> TrainResult:
+def train(algo_config, run: RunConfig | None = None, progress=print) -> TrainResult:
     """Validate, build, compile and run to ``total_timesteps``, logging between chunks."""
+    run = run or RunConfig()
     mesh, algo = prepare(algo_config, run)
     name = algorithm_name(algo_config)
     run_dir = Path(run.runs_dir) / (run.run_name or default_run_name(name, algo_config.env))

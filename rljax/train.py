@@ -1,4 +1,7 @@
-"""Command line: ``python -m rljax.train ppo --env CartPole-v1 --mesh data=2,model=2 --num-devices 4``.
+"""Command line for training.
+
+    python -m rljax.train ppo --env CartPole-v1 --mesh data=2,model=2 --num-devices 4
+
 
 Every field of the algorithm config and of ``RunConfig`` is a flag (``--help`` lists them with
 their defaults). Invalid values stop with one ``error:`` line before anything is compiled.

@@ -102,7 +102,8 @@ def validate(config: PPOConfig, data_size: int = 1, model_size: int = 1) -> None
     if config.minibatch_size % data_size:
         raise ConfigError(
             f"minibatch size {config.minibatch_size} (batch {config.batch_size} / "
-            f"{config.num_minibatches} minibatches) is not divisible by the data axis size {data_size}"
+            f"{config.num_minibatches} minibatches) is not divisible by the data axis size "
+            f"{data_size}"
         )
     if config.num_updates < 1:
         raise ConfigError(
@@ -111,7 +112,11 @@ def validate(config: PPOConfig, data_size: int = 1, model_size: int = 1) -> None
         )
     check_torso(config.torso_widths)
     check_tensor_parallel(
-        {"torso": config.torso_widths, "actor": config.actor_widths, "critic": config.critic_widths},
+        {
+            "torso": config.torso_widths,
+            "actor": config.actor_widths,
+            "critic": config.critic_widths,
+        },
         model_size,
     )
 
@@ -266,7 +271,7 @@ class PPO:
         (loss, aux), grads = jax.value_and_grad(self.loss, has_aux=True)(params, minibatch)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return (params, opt_state), {**aux, "loss": loss, "grad_norm": optax.global_norm(grads)}
+        return (params, opt_state), {**aux, "loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     def _epoch(self, carry, key, batch):
         c = self.config
@@ -293,7 +298,13 @@ class PPO:
         tr = rollout.transition
         next_values = jax.vmap(self.value, in_axes=(None, 0))(state.params, tr.final_obs)
         advantages, returns = gae(
-            tr.reward, rollout.value, next_values, tr.terminated, tr.truncated, c.gamma, c.gae_lambda
+            tr.reward,
+            rollout.value,
+            next_values,
+            tr.terminated,
+            tr.truncated,
+            c.gamma,
+            c.gae_lambda,
         )
         samples = {
             "obs": tr.obs,
@@ -332,5 +343,3 @@ class PPO:
 
     def env_steps(self, state: PPOState) -> jax.Array:
         return state.update_step * self.config.batch_size
-
-

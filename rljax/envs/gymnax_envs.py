@@ -98,7 +98,9 @@ class BatchedEnv:
         self.env, self.params = gymnax.make(name)
         action_space = self.env.action_space(self.params)
         if not isinstance(action_space, spaces.Discrete):
-            raise ConfigError(f"{name} has a {type(action_space).__name__} action space; need Discrete")
+            raise ConfigError(
+                f"{name} has a {type(action_space).__name__} action space; need Discrete"
+            )
         obs_shape = self.env.observation_space(self.params).shape
         self.spec = EnvSpec(name, int(math.prod(obs_shape)), int(action_space.n))
         self.num_envs = num_envs

@@ -43,7 +43,9 @@ def parse_mesh_spec(spec: str) -> dict[str, int]:
         try:
             size = int(value)
         except ValueError:
-            raise ConfigError(f"mesh spec {spec!r}: size of {name!r} is {value!r}, not an integer")
+            raise ConfigError(
+                f"mesh spec {spec!r}: size of {name!r} is {value!r}, not an integer"
+            ) from None
         if size == 0 or size < -1:
             raise ConfigError(f"mesh spec {spec!r}: size of {name!r} is {size}; use >= 1 or -1")
         sizes[name] = size

@@ -35,7 +35,9 @@ def rules_with(**overrides: str | None) -> dict[str, str | None]:
     return {**LOGICAL_RULES, **overrides}
 
 
-def logical_to_mesh_spec(logical: PartitionSpec, rules: LogicalRules = LOGICAL_RULES) -> PartitionSpec:
+def logical_to_mesh_spec(
+    logical: PartitionSpec, rules: LogicalRules = LOGICAL_RULES
+) -> PartitionSpec:
     """``P("batch", "hidden")`` -> ``P("data", "model")`` under ``rules``."""
     mesh_axes = []
     for name in logical:

@@ -1,0 +1,32 @@
+"""Eight emulated CPU devices for every test; set before JAX is imported anywhere."""
+
+import os
+
+os.environ["JAX_NUM_CPU_DEVICES"] = "8"
+os.environ.setdefault("XLA_FLAGS", "")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+from rljax.parallel import make_mesh  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def mesh4():
+    """The demo mesh: data=2, model=2 over 4 of the 8 devices."""
+    return make_mesh("data=2,model=2")
+
+
+@pytest.fixture(scope="session")
+def small_run(mesh4):
+    """A small PPO compiled once on the 4-device mesh, after two updates: (run, state, metrics)."""
+    from rljax import PPO, PPOConfig
+    from rljax.runner import ShardedRun
+
+    config = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 4, num_minibatches=2)
+    run = ShardedRun(PPO(config), mesh4, num_seeds=1, chunk_size=2)
+    state = run.init(jax.random.key(0))
+    state, metrics = run.run_chunk(state, 2)
+    return run, state, metrics

@@ -1,0 +1,106 @@
+"""Every bad input stops with one clear message before anything is compiled."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from rljax import ConfigError, PPOConfig, RunConfig
+from rljax.parallel import make_mesh, parse_mesh_spec, set_num_cpu_devices
+from rljax.runner import prepare
+from rljax.train import main
+
+
+def error_of(config=None, run=None):
+    with pytest.raises(ConfigError) as info:
+        prepare(config or PPOConfig(), run or RunConfig())
+    return str(info.value)
+
+
+def test_non_positive_learning_rate():
+    assert "lr (learning rate) must be > 0, got -0.001" in error_of(PPOConfig(lr=-1e-3))
+    assert "lr (learning rate) must be > 0, got 0.0" in error_of(PPOConfig(lr=0.0))
+
+
+def test_num_envs_not_divisible_by_data():
+    message = error_of(PPOConfig(num_envs=6), RunConfig(mesh="data=4,model=1"))
+    assert "num_envs=6 is not divisible by the data axis size 4" in message
+
+
+def test_minibatches_not_dividing_batch():
+    message = error_of(PPOConfig(num_envs=4, num_steps=10, num_minibatches=3))
+    assert "num_minibatches=3 does not divide the batch num_envs*num_steps=40" in message
+
+
+def test_unknown_environment_lists_known_ones():
+    message = error_of(PPOConfig(env="CartPole-v0"))
+    assert "unknown environment 'CartPole-v0'" in message
+    assert "CartPole-v1" in message and "Breakout-MinAtar" in message
+
+
+def test_mesh_bigger_than_devices_states_both():
+    message = error_of(run=RunConfig(mesh="data=4,model=4"))
+    assert "mesh 'data=4,model=4' needs 16 devices but only 8 are available" in message
+
+
+def test_width_not_divisible_by_model_names_layer():
+    message = error_of(PPOConfig(actor_widths=(63, 64)), RunConfig(mesh="data=1,model=2"))
+    assert "actor/dense_0: width 63 is not divisible by the model axis size 2" in message
+
+
+def test_mesh_spec_errors():
+    with pytest.raises(ConfigError, match="bad entry 'pipe=2'"):
+        parse_mesh_spec("data=2,pipe=2")
+    with pytest.raises(ConfigError, match="at most one axis may be -1"):
+        parse_mesh_spec("data=-1,model=-1")
+    assert parse_mesh_spec("model=2") == {"data": 1, "model": 2}
+    assert dict(make_mesh("data=-1,model=2").shape) == {"data": 4, "model": 2}
+
+
+def test_emulating_devices_after_jax_started_says_so():
+    set_num_cpu_devices(8)  # what we already have: fine
+    with pytest.raises(ConfigError, match="already initialised with 8 cpu device"):
+        set_num_cpu_devices(4)
+
+
+def test_seed_axis_needs_divisible_seeds():
+    message = error_of(run=RunConfig(mesh="data=2", num_seeds=3, seed_axis="data"))
+    assert "num_seeds (3) divisible by the data axis size 2" in message
+
+
+def test_cli_prints_one_error_line_and_writes_nothing(tmp_path, capsys):
+    code = main(["ppo", "--lr", "-1", "--runs-dir", str(tmp_path), "--run-name", "bad"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == "error: lr (learning rate) must be > 0, got -1.0"
+    assert not (tmp_path / "bad").exists()
+
+
+def test_cli_subprocess_has_no_traceback(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rljax.train",
+            "ppo",
+            "--env",
+            "Nope-v0",
+            "--num-devices",
+            "2",
+            "--runs-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: unknown environment 'Nope-v0'")
+
+
+def test_config_is_frozen_and_typed():
+    assert dataclasses.is_dataclass(PPOConfig)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PPOConfig().lr = 1.0  # type: ignore[misc]
