@@ -1,6 +1,7 @@
 """The CLI end to end: help, and a short run that writes config, metrics and plot."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ def test_help_lists_every_field_with_defaults():
         capture_output=True,
         text=True,
         timeout=120,
-        env={"COLUMNS": "200", "PATH": ""},
+        env={**os.environ, "COLUMNS": "200"},
     )
     assert result.returncode == 0, result.stderr
     for flag in (
