@@ -20,8 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from rljax.algos import ALGORITHMS, PPOConfig
-from rljax.algos import ppo as ppo_module
+from rljax.algos import ALGORITHMS
 from rljax.errors import ConfigError
 from rljax.parallel import make_mesh, mesh_spec_of, set_num_cpu_devices
 from rljax.parallel.sharding import (
@@ -156,34 +155,26 @@ class TrainResult:
     steps_per_second: float
 
 
-def build_algorithm(algo_config, rules):
-    for config_type, algo_type in ALGORITHMS.values():
-        if isinstance(algo_config, config_type):
-            return algo_type(algo_config, rules)
-    raise ConfigError(f"unknown algorithm config {type(algo_config).__name__}")
-
-
 def algorithm_name(algo_config) -> str:
-    for name, (config_type, _) in ALGORITHMS.items():
-        if isinstance(algo_config, config_type):
+    for name, algorithm in ALGORITHMS.items():
+        if isinstance(algo_config, algorithm.config_type):
             return name
-    raise ConfigError(f"unknown algorithm config {type(algo_config).__name__}")
-
-
-def validate_algorithm(algo_config, mesh: Mesh, run: RunConfig) -> None:
-    env_data_size = 1 if run.seed_axis == "data" else mesh.shape["data"]
-    if isinstance(algo_config, PPOConfig):
-        ppo_module.validate(algo_config, env_data_size, mesh.shape["model"])
+    raise ConfigError(
+        f"unknown algorithm config {type(algo_config).__name__}; known: {sorted(ALGORITHMS)}"
+    )
 
 
 def prepare(algo_config, run: RunConfig) -> tuple[Mesh, Any]:
     """Validate everything and build mesh and algorithm; raises ``ConfigError`` before compiling."""
+    algorithm = ALGORITHMS[algorithm_name(algo_config)]
     if run.num_devices is not None:
         set_num_cpu_devices(run.num_devices)
     mesh = make_mesh(run.mesh)
     validate_run(run, mesh)
-    validate_algorithm(algo_config, mesh, run)
-    return mesh, build_algorithm(algo_config, rules_for(run))
+    # Seeds on `data` leave each seed's environment batch whole on its data shard.
+    env_data_size = 1 if run.seed_axis == "data" else mesh.shape["data"]
+    algorithm.validate(algo_config, env_data_size, mesh.shape["model"])
+    return mesh, algorithm.build(algo_config, rules_for(run))
 
 
 def _rows(metrics, first_update: int, count: int, batch_size: int, num_seeds: int):

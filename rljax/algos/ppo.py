@@ -44,18 +44,27 @@ class PPOConfig:
     total_timesteps: int = 500_000
     """environment steps per seed; rounded down to whole updates."""
     update_epochs: int = 4
+    """passes over each rollout."""
     num_minibatches: int = 4
+    """minibatches per epoch (each sharded along `data`)."""
     lr: float = 2.5e-4
+    """Adam learning rate (eps 1e-5)."""
     anneal_lr: bool = True
     """linear decay of the learning rate to 0 over training."""
     gamma: float = 0.99
+    """discount."""
     gae_lambda: float = 0.95
     clip_eps: float = 0.2
+    """PPO ratio clip (also the value-loss clip)."""
     clip_value_loss: bool = True
     ent_coef: float = 0.01
+    """entropy bonus weight."""
     vf_coef: float = 0.5
+    """value loss weight."""
     max_grad_norm: float = 0.5
+    """global-norm gradient clipping."""
     actor_widths: tuple[int, ...] = (64, 64)
+    """actor hidden widths; even layers column-split, odd row-split over `model`."""
     critic_widths: tuple[int, ...] = (64, 64)
     torso_widths: tuple[int, ...] = ()
     """shared layers before both towers (an even number of layers)."""
