@@ -11,6 +11,7 @@ progress, ``metrics.jsonl`` and the learning curve.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -90,7 +91,9 @@ class ShardedRun:
         if num_seeds > 1:
             seed_mesh_axis = algo.rules["seed"]
             self._update = jax.vmap(algo.update, spmd_axis_name=seed_mesh_axis)
-            self._init = jax.vmap(algo.init)
+            # lax.map, not vmap: a vmapped orthogonal init becomes a batched LAPACK QR, whose
+            # CPU kernel in jaxlib 0.10 can deadlock in its thread pool (seen on 2 cores).
+            self._init = functools.partial(jax.lax.map, algo.init)
         else:
             self._update, self._init = algo.update, algo.init
         self._init_jit = jax.jit(self._init_from_seed_key, out_shardings=self.state_shardings)

@@ -1,0 +1,340 @@
+"""PPO throughput benchmark: rljax vs a rollout-only ceiling vs the PureJaxRL baseline.
+
+Every row trains (or, for the ceiling, only acts) on the reference config, ``rljax.PPOConfig()``
+defaults: CartPole-v1, 4 envs x 128 steps per update, 5e5 env steps per seed, separate 2x64 tanh
+actor and critic, 4 epochs x 4 minibatches, lr 2.5e-4 linearly annealed.
+
+Rows
+  rljax            ``ShardedRun`` on mesh ``data=1,model=1`` (1 device), 1 / 8 / 64 vmapped seeds
+  rljax            ``ShardedRun`` on mesh ``data=2,model=2`` (4 emulated CPU devices), same seeds
+  rollout ceiling  ``PPO.rollout`` (policy sampling + env stepping, no critic-on-final-obs, no GAE,
+                   no SGD) scanned over ``num_updates`` and vmapped over seeds, on one device
+  purejaxrl        ``experiments/baselines/purejaxrl_ppo.py``:
+                   ``jax.jit(jax.vmap(make_train(cfg)))(keys)`` (1 seed: no vmap)
+
+Columns
+  compile s        ahead-of-time ``lower().compile()`` wall time (rljax: init + chunk programs);
+                   never included in steps/s
+  steps/s          ``num_updates * batch_size * num_seeds / seconds`` of the compiled training call
+                   only (state initialised, untimed, before every repeat; best of ``--repeats``)
+  final return     at the end of training, the return of each env's last completed episode,
+                   averaged over envs that completed one, then over seeds (the rljax
+                   ``episode_return`` metric; the same quantity is read from PureJaxRL's
+                   ``returned_episode_returns`` and the ceiling's env stats)
+
+The number of emulated CPU devices must be fixed before JAX starts, so each group runs in its own
+subprocess of this script: ``single`` (1 device: rljax 1-device mesh, ceiling, PureJaxRL) and
+``mesh`` (4 devices). The parent prints a markdown table and writes JSON (rows plus jax version,
+backend, device and CPU counts).
+
+Run (full benchmark, takes a while on CPU):
+
+    python experiments/bench_ppo.py
+    python experiments/bench_ppo.py --total-timesteps 20480 --seeds 1 8 --repeats 1   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO_ROOT / "experiments" / "results" / "bench_ppo.json"
+SINGLE_MESH = "data=1,model=1"
+MULTI_MESH = "data=2,model=2"
+GROUP_DEVICES = {"single": 1, "mesh": 4}
+RESULT_MARKER = "@@BENCH_PPO_RESULT@@ "
+ROW_ORDER = {"rljax": 0, "rollout ceiling": 2, "purejaxrl": 3}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--total-timesteps", type=int, default=500_000, help="env steps per seed")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 8, 64], help="seed counts")
+    p.add_argument("--repeats", type=int, default=2, help="timed runs per row (best is reported)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
+    p.add_argument(
+        "--groups",
+        nargs="+",
+        choices=sorted(GROUP_DEVICES),
+        default=["single", "mesh"],
+        help="subprocess groups to run (single: 1 device; mesh: 4 emulated devices)",
+    )
+    p.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=None,
+        help="seconds before a group subprocess is killed (default: no limit)",
+    )
+    p.add_argument("--_worker", choices=sorted(GROUP_DEVICES), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.repeats < 1 or any(s < 1 for s in args.seeds):
+        p.error("--repeats and every --seeds value must be >= 1")
+    return args
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Worker (one subprocess per device group). JAX is imported only here, after the device count is
+# configured.
+# ------------------------------------------------------------------------------------------------
+def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: int) -> dict:
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", GROUP_DEVICES[group])
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    from rljax import PPO, PPOConfig
+    from rljax.parallel import make_mesh
+    from rljax.runner import ShardedRun
+
+    cfg = PPOConfig(total_timesteps=total_timesteps)
+    steps_per_seed = cfg.num_updates * cfg.batch_size
+    key = jax.random.key(0)
+
+    def timed(fn, fresh_input):
+        """Best-of-``repeats`` wall time of ``fn(fresh_input())``; returns (best, all, output)."""
+        times, out = [], None
+        for _ in range(repeats):
+            arg = jax.block_until_ready(fresh_input())
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(fn(arg))
+            times.append(time.perf_counter() - t0)
+        return min(times), times, out
+
+    def row(impl, mesh, seeds, compile_s, compile_detail, times, best, final_return):
+        steps = steps_per_seed * seeds
+        r = {
+            "implementation": impl,
+            "mesh": mesh,
+            "seeds": seeds,
+            "compile_s": compile_s,
+            "compile_detail_s": compile_detail,
+            "run_s": best,
+            "run_s_all": times,
+            "env_steps": steps,
+            "steps_per_s": steps / best,
+            "final_return_mean": final_return,
+        }
+        log(
+            f"[{group}] {impl:<15} {mesh:<15} seeds={seeds:<3} compile {compile_s:7.2f}s  "
+            f"run {best:8.2f}s  {steps / best:>12,.0f} steps/s  return {final_return:7.1f}"
+        )
+        return r
+
+    def masked_mean(last_return, completed):
+        """Mean of last returns over envs (last axis) that completed an episode, then seeds."""
+        last_return, completed = np.asarray(last_return), np.asarray(completed)
+        per_seed = np.sum(np.where(completed, last_return, 0.0), axis=-1) / np.maximum(
+            np.sum(completed, axis=-1), 1
+        )
+        return float(np.mean(per_seed))
+
+    rows: list[dict[str, Any]] = []
+
+    # -- rljax ShardedRun ------------------------------------------------------------------------
+    mesh_spec = SINGLE_MESH if group == "single" else MULTI_MESH
+    mesh = make_mesh(mesh_spec)
+    for seeds in seed_counts:
+        run = ShardedRun(PPO(cfg), mesh, num_seeds=seeds, chunk_size=cfg.num_updates)
+        run.compile(key)
+        compile_detail = dict(run.compile_seconds)
+        best, times, (_, metrics) = timed(
+            lambda state, run=run: run.run_chunk(state, cfg.num_updates),
+            lambda run=run: run.init(key),
+        )
+        final = float(np.mean(np.asarray(metrics["episode_return"][-1])))
+        compile_s = sum(compile_detail.values())
+        rows.append(row("rljax", mesh_spec, seeds, compile_s, compile_detail, times, best, final))
+
+    if group != "single":
+        return {"group": group, "rows": rows, **jax_info(jax, cfg)}
+
+    # -- rollout-only ceiling: PPO.rollout scanned over num_updates, vmapped over seeds -----------
+    for seeds in seed_counts:
+        ppo = PPO(cfg)
+
+        def init(k, ppo=ppo, seeds=seeds):
+            if seeds == 1:
+                return ppo.init(k)
+            # lax.map as in ShardedRun: a vmapped orthogonal init (batched CPU QR) can deadlock.
+            return jax.lax.map(ppo.init, jax.random.split(k, seeds))
+
+        def act_only(state, ppo=ppo):
+            def body(carry, _):
+                env, k, checksum = carry
+                k, rollout_key = jax.random.split(k)
+                env, rollout = ppo.rollout(state.params, env, rollout_key)
+                # Consume the rollout so the value head and log-probs are not dead code.
+                checksum = checksum + rollout.value.sum() + rollout.log_prob.sum()
+                return (env, k, checksum), None
+
+            carry = (state.env, state.key, jnp.zeros((), jnp.float32))
+            (env, _, checksum), _ = jax.lax.scan(body, carry, None, cfg.num_updates)
+            return env.stats, checksum
+
+        fn = act_only if seeds == 1 else jax.vmap(act_only)
+        with jax.set_mesh(mesh):
+            init_c = jax.jit(init).lower(key).compile()
+            t0 = time.perf_counter()
+            abstract = jax.eval_shape(init, key)
+            fn_c = jax.jit(fn).lower(abstract).compile()
+            compile_s = time.perf_counter() - t0
+            best, times, (stats, _) = timed(fn_c, lambda init_c=init_c: init_c(key))
+        final = masked_mean(stats.last_return, np.asarray(stats.completed) > 0)
+        detail = {"rollout": compile_s}
+        rows.append(
+            row("rollout ceiling", SINGLE_MESH, seeds, compile_s, detail, times, best, final)
+        )
+
+    # -- PureJaxRL baseline ------------------------------------------------------------------------
+    sys.path.insert(0, str(REPO_ROOT))
+    from experiments.baselines.purejaxrl_ppo import DEFAULT_CONFIG, make_train
+
+    pj_cfg = {**DEFAULT_CONFIG, "TOTAL_TIMESTEPS": total_timesteps}
+    for seeds in seed_counts:
+        train = make_train(pj_cfg)
+        if seeds == 1:
+            keys = jax.random.key(42)
+        else:
+            train = jax.vmap(train)
+            keys = jax.random.split(jax.random.key(42), seeds)
+        t0 = time.perf_counter()
+        train_c = jax.jit(train).lower(keys).compile()
+        compile_s = time.perf_counter() - t0
+        best, times, out = timed(train_c, lambda keys=keys: keys)
+        info = out["metrics"]  # leaves [(S,) num_updates, num_steps, num_envs]
+        last = np.asarray(info["returned_episode_returns"][..., -1, -1, :])
+        final = masked_mean(last, last > 0)  # 0 until an env's first episode ends
+        detail = {"train": compile_s}
+        rows.append(row("purejaxrl", SINGLE_MESH, seeds, compile_s, detail, times, best, final))
+
+    return {"group": group, "rows": rows, **jax_info(jax, cfg)}
+
+
+def jax_info(jax, cfg) -> dict[str, Any]:
+    import dataclasses
+
+    return {
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+        "device_count": jax.device_count(),
+        "devices": [str(d) for d in jax.devices()],
+        "config": dataclasses.asdict(cfg),
+        "num_updates": cfg.num_updates,
+        "batch_size": cfg.batch_size,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Parent: spawn workers, collect rows, print and save.
+# ------------------------------------------------------------------------------------------------
+def run_group(group: str, args: argparse.Namespace) -> dict:
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--_worker",
+        group,
+        "--total-timesteps",
+        str(args.total_timesteps),
+        "--repeats",
+        str(args.repeats),
+        "--seeds",
+        *map(str, args.seeds),
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    log(f"== group {group!r} ({GROUP_DEVICES[group]} device(s)) ==")
+    try:
+        proc = subprocess.run(
+            cmd,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            check=False,
+            timeout=args.worker_timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise SystemExit(f"worker {group!r} timed out after {args.worker_timeout} s") from e
+    results = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARKER)]
+    if proc.returncode != 0 or not results:
+        sys.stderr.write(proc.stdout)
+        raise SystemExit(f"worker {group!r} failed (exit code {proc.returncode})")
+    return json.loads(results[-1][len(RESULT_MARKER) :])
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = [
+        "| implementation | mesh | seeds | compile s | steps/s | final return mean |",
+        "|---|---|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['implementation']} | {r['mesh']} | {r['seeds']} | {r['compile_s']:.2f} "
+            f"| {r['steps_per_s']:,.0f} | {r['final_return_mean']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def sort_key(r: dict) -> tuple:
+    order = ROW_ORDER[r["implementation"]] + (r["mesh"] != SINGLE_MESH)
+    return order, r["seeds"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args._worker:
+        result = worker(args._worker, args.total_timesteps, args.seeds, args.repeats)
+        print(RESULT_MARKER + json.dumps(result), flush=True)
+        return
+
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    groups = {g: run_group(g, args) for g in args.groups}
+    rows = sorted((r for g in groups.values() for r in g["rows"]), key=sort_key)
+    first = next(iter(groups.values()))
+    table = markdown_table(rows)
+    print(
+        f"\nPPO {first['config']['env']}: {first['num_updates']} updates x "
+        f"{first['batch_size']} env steps per seed; jax {first['jax_version']} "
+        f"({first['backend']}), {os.cpu_count()} CPUs; best of {args.repeats}\n"
+    )
+    print(table)
+
+    report = {
+        "benchmark": "bench_ppo",
+        "started": started,
+        "argv": sys.argv[1:],
+        "total_timesteps": args.total_timesteps,
+        "seeds": args.seeds,
+        "repeats": args.repeats,
+        "jax_version": first["jax_version"],
+        "backend": first["backend"],
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "groups": {g: {k: v for k, v in res.items() if k != "rows"} for g, res in groups.items()},
+        "rows": rows,
+        "table_markdown": table,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(args.out)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
