@@ -73,6 +73,15 @@ def rules_for(run: RunConfig) -> dict[str, str | None]:
     return dict(LOGICAL_RULES)
 
 
+def state_shardings(algo, mesh: Mesh, num_seeds: int = 1):
+    """The ``NamedSharding`` of every leaf of ``algo``'s training state (parameters, optimizer
+    moments, environment batch, keys, counters) under ``algo.rules``; seeds add a leading axis."""
+    specs = algo.logical_specs()
+    if num_seeds > 1:
+        specs = prepend_axis(specs, "seed")
+    return logical_specs_to_shardings(specs, mesh, algo.rules)
+
+
 class ShardedRun:
     """An algorithm placed on a mesh: sharded init and a compiled chunk runner.
 
@@ -84,10 +93,7 @@ class ShardedRun:
         self.mesh = mesh
         self.num_seeds = num_seeds
         self.chunk_size = chunk_size
-        specs = algo.logical_specs()
-        if num_seeds > 1:
-            specs = prepend_axis(specs, "seed")
-        self.state_shardings = logical_specs_to_shardings(specs, mesh, algo.rules)
+        self.state_shardings = state_shardings(algo, mesh, num_seeds)
         if num_seeds > 1:
             seed_mesh_axis = algo.rules["seed"]
             self._update = jax.vmap(algo.update, spmd_axis_name=seed_mesh_axis)
