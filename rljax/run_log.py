@@ -33,13 +33,14 @@ def default_run_name(algo: str, env: str) -> str:
 class RunLog:
     """Writes one run directory; every write is flushed so a killed run keeps its rows."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, append: bool = False):
+        """A fresh run replaces an earlier run's files of the same name; ``append`` continues."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.dir / "config.json"
         self.metrics_path = self.dir / "metrics.jsonl"
         self.plot_path = self.dir / "learning_curve.png"
-        self._metrics_file = open(self.metrics_path, "a")
+        self._metrics_file = open(self.metrics_path, "a" if append else "w")
 
     def write_config(self, **sections: Any) -> None:
         data = {
