@@ -3,6 +3,7 @@
     run = ShardedRun(PPO(config, rules), mesh, num_seeds=8)
     state = run.init(jax.random.key(0))          # born sharded: jit(init, out_shardings=...)
     state, metrics = run.run_chunk(state, 20)    # 20 updates in one compiled call
+    for state, metrics, done in run.chunks(state, 976): ...  # the host loop's chunking
 
 ``train(algo_config, RunConfig(...))`` is the whole job: validation, mesh, run directory,
 progress, ``metrics.jsonl`` and the learning curve.
@@ -148,6 +149,16 @@ class ShardedRun:
             t2 = time.perf_counter()
         self.compile_seconds = {"init": t1 - t0, "chunk": t2 - t1}
 
+    def chunks(self, state, num_updates: int):
+        """Run ``num_updates`` updates chunk by chunk; yields ``(state, metrics, updates_done)``
+        after each chunk with metrics trimmed to that chunk's updates (still on device)."""
+        done = 0
+        while done < num_updates:
+            count = min(self.chunk_size, num_updates - done)
+            state, metrics = self.run_chunk(state, count)
+            done += count
+            yield state, jax.tree.map(lambda m, n=count: m[:n], metrics), done
+
     def run_chunk(self, state, num_updates: int):
         if not 0 < num_updates <= self.chunk_size:
             raise ValueError(f"num_updates must be in [1, {self.chunk_size}], got {num_updates}")
@@ -186,10 +197,10 @@ def prepare(algo_config, run: RunConfig) -> tuple[Mesh, Any]:
     return mesh, algorithm.build(algo_config, rules_for(run))
 
 
-def _rows(metrics, first_update: int, count: int, batch_size: int, num_seeds: int):
+def _rows(metrics, first_update: int, batch_size: int, num_seeds: int):
     metrics = jax.device_get(metrics)
     rows = []
-    for i in range(count):
+    for i in range(len(metrics["episode_return"])):
         update = first_update + i + 1
         row = {"update": update, "env_steps": update * batch_size}
         for name, values in metrics.items():
@@ -226,16 +237,14 @@ def train(algo_config, run: RunConfig | None = None, progress=print) -> TrainRes
     )
     sharded.compile(key)
     say(f"compiled in {sum(sharded.compile_seconds.values()):.1f} s")
-    state = sharded.init(key)
-    num_updates, done, all_rows = algo_config.num_updates, 0, []
+    initial_state = sharded.init(key)
+    num_updates, all_rows = algo_config.num_updates, []
     batch, seeds = algo_config.batch_size, run.num_seeds
     t_start = time.perf_counter()
     try:
-        while done < num_updates:
-            count = min(sharded.chunk_size, num_updates - done)
-            state, metrics = sharded.run_chunk(state, count)
-            rows = _rows(metrics, done, count, batch, seeds)  # device_get: waits for the chunk
-            done += count
+        # The last yielded state is the result (used after the loop).
+        for state, metrics, done in sharded.chunks(initial_state, num_updates):  # noqa: B007
+            rows = _rows(metrics, len(all_rows), batch, seeds)  # device_get: waits for the chunk
             log.append(rows)
             all_rows.extend(rows)
             elapsed = time.perf_counter() - t_start

@@ -21,13 +21,9 @@ def cartpole_run(mesh4):
 
 
 def run_updates(run, seed, num_updates):
-    state = run.init(jax.random.key(seed))
     rows = []
-    while num_updates:
-        count = min(run.chunk_size, num_updates)
-        state, metrics = run.run_chunk(state, count)
-        rows.append(jax.tree.map(lambda m, n=count: np.asarray(m)[:n], metrics))
-        num_updates -= count
+    for state, metrics, _ in run.chunks(run.init(jax.random.key(seed)), num_updates):  # noqa: B007
+        rows.append(jax.device_get(metrics))
     return state, jax.tree.map(lambda *m: np.concatenate(m), *rows)
 
 
