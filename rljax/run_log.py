@@ -49,6 +49,12 @@ class RunLog:
         }
         self.config_path.write_text(json.dumps(_jsonable_tree(data), indent=2) + "\n")
 
+    def write_extra(self, section: str, value: Any) -> None:
+        """Add a section to ``config.json`` (e.g. measured communication)."""
+        data = json.loads(self.config_path.read_text()) if self.config_path.exists() else {}
+        data[section] = _jsonable_tree(value)
+        self.config_path.write_text(json.dumps(data, indent=2) + "\n")
+
     def append(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:
             self._metrics_file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")

@@ -53,6 +53,8 @@ class RunConfig:
     """run directory name under runs_dir (default: <algo>-<env>-<time>)."""
     runs_dir: str = "runs"
     quiet: bool = False
+    measure_comm: bool = True
+    """count the collectives of one compiled optimizer step and log bytes per update."""
 
 
 def validate_run(run: RunConfig, mesh: Mesh) -> None:
@@ -70,7 +72,7 @@ def validate_run(run: RunConfig, mesh: Mesh) -> None:
 def rules_for(run: RunConfig) -> dict[str, str | None]:
     """Seeds on `data` take the axis from the environment batch."""
     if run.seed_axis == "data":
-        return rules_with(seed="data", batch=None)
+        return rules_with(seed="data", batch=None, replica=None)
     return dict(LOGICAL_RULES)
 
 
@@ -166,6 +168,40 @@ class ShardedRun:
             return self._chunk_jit(state, jnp.int32(num_updates))
 
 
+def communication(algo, mesh: Mesh) -> dict[str, dict[str, float]]:
+    """Bytes per device of one compiled optimizer step of ``algo`` on ``mesh``, by mesh axis.
+
+    ``{"data": {"always": b, "on_sync": c}, "model": {...}}``: ``always`` is sent every step,
+    ``on_sync`` only on synchronising steps (the branch local/adaptive sync takes every K-th
+    step); per update, ``optimizer_steps * always + syncs * on_sync``. Counting convention and
+    HLO parsing: ``rljax.parallel.comm``.
+    """
+    from rljax.parallel.comm import collectives
+
+    shardings = state_shardings(algo, mesh, 1)
+    with jax.set_mesh(mesh):
+        abstract = jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+            jax.eval_shape(algo.init, jax.random.key(0)),
+            shardings,
+        )
+        compiled = jax.jit(algo.optimizer_step).lower(abstract).compile()
+    totals = {axis: {"always": 0.0, "on_sync": 0.0} for axis in mesh.axis_names}
+    for op in collectives(compiled, mesh):
+        axis = "+".join(op.axes) if op.axes else "unknown"
+        entry = totals.setdefault(axis, {"always": 0.0, "on_sync": 0.0})
+        entry["on_sync" if op.conditional else "always"] += op.sent_bytes * op.multiplicity
+    return totals
+
+
+def comm_bytes_per_update(comm: dict, optimizer_steps, syncs) -> dict[str, float]:
+    """``communication(...)`` and one update's counts -> ``{"comm_bytes_<axis>": bytes}``."""
+    return {
+        f"comm_bytes_{axis}": float(optimizer_steps) * v["always"] + float(syncs) * v["on_sync"]
+        for axis, v in comm.items()
+    }
+
+
 @dataclasses.dataclass
 class TrainResult:
     state: Any
@@ -173,6 +209,14 @@ class TrainResult:
     run_dir: Path
     compile_seconds: dict[str, float]
     steps_per_second: float
+
+
+def _describe(comm: dict) -> str:
+    parts = []
+    for axis, v in comm.items():
+        extra = f" (+{v['on_sync']:,.0f} when syncing)" if v["on_sync"] else ""
+        parts.append(f"{axis} {v['always']:,.0f}{extra}")
+    return ", ".join(parts)
 
 
 def algorithm_name(algo_config) -> str:
@@ -191,13 +235,14 @@ def prepare(algo_config, run: RunConfig) -> tuple[Mesh, Any]:
         set_num_cpu_devices(run.num_devices)
     mesh = make_mesh(run.mesh)
     validate_run(run, mesh)
-    # Seeds on `data` leave each seed's environment batch whole on its data shard.
-    env_data_size = 1 if run.seed_axis == "data" else mesh.shape["data"]
-    algorithm.validate(algo_config, env_data_size, mesh.shape["model"])
-    return mesh, algorithm.build(algo_config, rules_for(run))
+    # One data-parallel replica per data shard; seeds on `data` leave each seed's environment
+    # batch whole on its data shard (one replica).
+    replicas = 1 if run.seed_axis == "data" else mesh.shape["data"]
+    algorithm.validate(algo_config, replicas, mesh.shape["model"])
+    return mesh, algorithm.build(algo_config, rules_for(run), replicas)
 
 
-def _rows(metrics, first_update: int, batch_size: int, num_seeds: int):
+def _rows(metrics, first_update: int, batch_size: int, num_seeds: int, comm=None):
     metrics = jax.device_get(metrics)
     rows = []
     for i in range(len(metrics["episode_return"])):
@@ -206,6 +251,8 @@ def _rows(metrics, first_update: int, batch_size: int, num_seeds: int):
         for name, values in metrics.items():
             value = np.asarray(values[i])
             row[name] = value.mean() if num_seeds > 1 else value
+        if comm is not None:
+            row.update(comm_bytes_per_update(comm, row["optimizer_steps"], row["syncs"]))
         if num_seeds > 1:
             row["episode_return_per_seed"] = np.asarray(metrics["episode_return"][i])
         rows.append(row)
@@ -233,18 +280,23 @@ def train(algo_config, run: RunConfig | None = None, progress=print) -> TrainRes
     say(
         f"rljax {name} on {algo_config.env}: mesh {mesh_spec_of(mesh)} "
         f"({jax.default_backend()}), {run.num_seeds} seed(s), {algo_config.num_updates} updates "
-        f"x {algo_config.batch_size} steps"
+        f"x {algo_config.env_steps_per_update} steps"
     )
     sharded.compile(key)
     say(f"compiled in {sum(sharded.compile_seconds.values()):.1f} s")
+    comm = None
+    if run.measure_comm:
+        comm = communication(algo, mesh)
+        log.write_extra("communication", comm)
+        say("communication per optimizer step per device (bytes): " + _describe(comm))
     initial_state = sharded.init(key)
     num_updates, all_rows = algo_config.num_updates, []
-    batch, seeds = algo_config.batch_size, run.num_seeds
+    batch, seeds = algo_config.env_steps_per_update, run.num_seeds
     t_start = time.perf_counter()
     try:
         # The last yielded state is the result (used after the loop).
         for state, metrics, done in sharded.chunks(initial_state, num_updates):  # noqa: B007
-            rows = _rows(metrics, len(all_rows), batch, seeds)  # device_get: waits for the chunk
+            rows = _rows(metrics, len(all_rows), batch, seeds, comm)  # waits for the chunk
             log.append(rows)
             all_rows.extend(rows)
             elapsed = time.perf_counter() - t_start

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import tyro
 
-from rljax.algos import PPOConfig
+from rljax.algos import DQNConfig, PPOConfig
 from rljax.errors import ConfigError
 from rljax.runner import RunConfig, train
 
@@ -28,7 +28,15 @@ class PPOCommand:
     run: Annotated[RunConfig, tyro.conf.arg(name="")] = RunConfig()
 
 
-COMMANDS = {"ppo": PPOCommand}
+@dataclasses.dataclass(frozen=True)
+class DQNCommand:
+    """Train DQN (Double/dueling/n-step/prioritized switches) on a discrete-action gymnax env."""
+
+    algo: Annotated[DQNConfig, tyro.conf.arg(name="")] = DQNConfig()
+    run: Annotated[RunConfig, tyro.conf.arg(name="")] = RunConfig()
+
+
+COMMANDS = {"ppo": PPOCommand, "dqn": DQNCommand}
 
 
 def main(argv: list[str] | None = None) -> int:

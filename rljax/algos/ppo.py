@@ -29,6 +29,7 @@ from rljax.errors import ConfigError
 from rljax.networks import ActorCritic, distributions
 from rljax.networks.mlp import check_tensor_parallel, check_torso, init_dummy_obs
 from rljax.parallel.sharding import LOGICAL_RULES, LogicalRules, batch_spec_like, constrain
+from rljax.parallel.sync import GradientSync, SyncConfig, validate_sync
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,12 @@ class PPOConfig:
     torso_widths: tuple[int, ...] = ()
     """shared layers before both towers (an even number of layers)."""
     activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
+    sync: SyncConfig = SyncConfig()
+    """gradient synchronisation across the data axis (rljax.parallel.sync)."""
+
+    @property
+    def env_steps_per_update(self) -> int:
+        return self.batch_size
 
     @property
     def batch_size(self) -> int:
@@ -84,7 +91,9 @@ class PPOConfig:
 
 
 def validate(config: PPOConfig, data_size: int = 1, model_size: int = 1) -> None:
-    """Raise ``ConfigError`` naming the first invalid field; called before anything compiles."""
+    """Raise ``ConfigError`` naming the first invalid field; called before anything compiles.
+
+    ``data_size`` is the number of data-parallel replicas (the data axis of the mesh)."""
     check_env_name(config.env)
     positive = ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches")
     for name in positive:
@@ -119,6 +128,7 @@ def validate(config: PPOConfig, data_size: int = 1, model_size: int = 1) -> None
             f"total_timesteps={config.total_timesteps} is less than one update "
             f"(num_envs*num_steps={config.batch_size})"
         )
+    validate_sync(config.sync)
     check_torso(config.torso_widths)
     check_tensor_parallel(
         {
@@ -132,8 +142,11 @@ def validate(config: PPOConfig, data_size: int = 1, model_size: int = 1) -> None
 
 @struct.dataclass
 class PPOState:
+    """``params``/``opt_state`` are ``[R@data, ...]`` per replica for local/adaptive sync."""
+
     params: Any
     opt_state: Any
+    sync: dict[str, Any]  # gradient-sync state (residuals, queues, counters)
     env: EnvBatch
     key: jax.Array
     update_step: jax.Array  # int32 scalar: updates done
@@ -178,11 +191,18 @@ def gae(
 
 
 class PPO:
-    """PPO built from a config; methods are pure functions of their array arguments."""
+    """PPO built from a config; methods are pure functions of their array arguments.
 
-    def __init__(self, config: PPOConfig, rules: LogicalRules = LOGICAL_RULES):
+    ``replicas`` data-parallel replicas (the mesh's data axis size; ``rljax.runner`` sets it) each
+    own ``num_envs / R`` environments, shuffle their own samples and compute their own gradient,
+    which ``config.sync`` synchronises. A ``data=R`` mesh and ``R`` replicas emulated on one device
+    give the same numbers; the model axis never changes them.
+    """
+
+    def __init__(self, config: PPOConfig, rules: LogicalRules = LOGICAL_RULES, replicas: int = 1):
         self.config = config
         self.rules = dict(rules)
+        self.replicas = replicas
         self.env = BatchedEnv(config.env, config.num_envs, self.rules)
         self.network = ActorCritic(
             num_actions=self.env.spec.num_actions,
@@ -203,33 +223,44 @@ class PPO:
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(c.max_grad_norm), optax.adam(lr, eps=1e-5)
         )
+        boxed_params = jax.eval_shape(self._init_params, jax.random.key(0))
+        self.sync = GradientSync(c.sync, self.optimizer, replicas, boxed_params, self.rules)
 
     # -- initialisation ---------------------------------------------------------------------------
+    def _init_params(self, key: jax.Array):
+        return self.network.init(key, init_dummy_obs((self.env.spec.obs_dim,)))
+
     def init_boxed(self, key: jax.Array) -> PPOState:
-        """``init`` with parameters and optimizer moments still wrapped in logical-axis boxes."""
+        """One replica's state, parameters and optimizer moments in logical-axis boxes."""
         net_key, env_key, key = jax.random.split(key, 3)
-        params = self.network.init(net_key, init_dummy_obs((self.env.spec.obs_dim,)))
+        params = self._init_params(net_key)
         opt_state = self.optimizer.init(params)
         env = self.env.reset(env_key)
-        return PPOState(params, opt_state, env, key, jnp.zeros((), jnp.int32))
+        return PPOState(params, opt_state, {}, env, key, jnp.zeros((), jnp.int32))
 
     def init(self, key: jax.Array) -> PPOState:
-        """``key`` -> a fresh ``PPOState`` (plain arrays)."""
-        return nn.meta.unbox(self.init_boxed(key))
+        """``key`` -> a fresh ``PPOState`` (plain arrays, in the sync strategy's layout)."""
+        state = nn.meta.unbox(self.init_boxed(key))
+        params, opt_state, sync = self.sync.init(state.params, state.opt_state)
+        return state.replace(params=params, opt_state=opt_state, sync=sync)
 
     def logical_specs(self) -> PPOState:
         """Logical ``PartitionSpec`` of every leaf of the state (for ``rljax.runner``)."""
         abstract = jax.eval_shape(self.init_boxed, jax.random.key(0))
         specs = nn.get_partition_spec(abstract)
-        return specs.replace(env=batch_spec_like(abstract.env))
+        params, opt_state, sync = self.sync.logical_specs()
+        return specs.replace(
+            params=params, opt_state=opt_state, sync=sync, env=batch_spec_like(abstract.env)
+        )
 
     # -- acting -----------------------------------------------------------------------------------
     def policy(self, params, obs: jax.Array):
         """``obs: [B@data, D]`` -> ``(logits [B@data, A], value [B@data])``."""
-        return self.network.apply(params, obs)
+        return self.sync.map_replicas(self.network.apply, params, obs)
 
     def value(self, params, obs: jax.Array) -> jax.Array:
-        return self.network.apply(params, obs, method=ActorCritic.value)
+        apply = lambda p, o: self.network.apply(p, o, method=ActorCritic.value)  # noqa: E731
+        return self.sync.map_replicas(apply, params, obs)
 
     def rollout(self, params, env: EnvBatch, key: jax.Array) -> tuple[EnvBatch, Rollout]:
         """``num_steps`` batched steps -> the new ``EnvBatch`` and a ``Rollout`` ``[T, B@data]``."""
@@ -248,14 +279,16 @@ class PPO:
 
     # -- learning ---------------------------------------------------------------------------------
     def loss(self, params, batch: dict[str, jax.Array]):
-        """Clipped PPO loss on one minibatch ``[N@data, ...]`` -> ``(loss, aux metrics)``."""
+        """Clipped PPO loss of one replica's minibatch ``[n, ...]`` -> ``(loss, aux metrics)``.
+
+        ``batch["advantage"]`` is already normalised over the whole (all-replica) minibatch.
+        """
         c = self.config
-        logits, value = self.policy(params, batch["obs"])
+        logits, value = self.network.apply(params, batch["obs"])
         log_prob = distributions.log_prob(logits, batch["action"])
         log_ratio = log_prob - batch["log_prob"]
         ratio = jnp.exp(log_ratio)
         adv = batch["advantage"]
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         policy_loss = -jnp.minimum(
             ratio * adv, jnp.clip(ratio, 1.0 - c.clip_eps, 1.0 + c.clip_eps) * adv
         ).mean()
@@ -276,28 +309,31 @@ class PPO:
         return loss, aux
 
     def _sgd_step(self, carry, minibatch):
-        params, opt_state = carry
-        (loss, aux), grads = jax.value_and_grad(self.loss, has_aux=True)(params, minibatch)
-        updates, opt_state = self.optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return (params, opt_state), {**aux, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        """One optimizer step on ``minibatch`` leaves ``[R@data, n, ...]``."""
+        params, opt_state, sync = carry
+        adv = minibatch["advantage"]  # statistics over all replicas' samples: two scalars move
+        minibatch = {**minibatch, "advantage": (adv - adv.mean()) / (adv.std() + 1e-8)}
+        (loss, aux), grads = self.sync.grads(self.loss, params, minibatch)
+        params, opt_state, sync, sync_metrics = self.sync.step(params, opt_state, sync, grads)
+        metrics = {**jax.tree.map(jnp.mean, aux), "loss": loss.mean(), **sync_metrics}
+        return (params, opt_state, sync), metrics
 
     def _epoch(self, carry, key, batch):
-        c = self.config
-        permutation = jax.random.permutation(key, c.batch_size)
-        # [N] -> [M, N/M]: each minibatch stays sharded along `data`.
-        minibatches = jax.tree.map(
-            lambda x: constrain(
-                jnp.take(x, permutation, axis=0).reshape(
-                    c.num_minibatches, c.minibatch_size, *x.shape[1:]
-                ),
-                None,
-                "batch",
-                rules=self.rules,
-            ),
-            batch,
+        """``batch`` leaves ``[R@data, N/R, ...]``: each replica shuffles its own samples."""
+        c, replicas = self.config, self.replicas
+        per_replica = c.batch_size // replicas
+        permutations = jax.vmap(jax.random.permutation, in_axes=(0, None))(
+            jax.random.split(key, replicas), per_replica
         )
-        return jax.lax.scan(self._sgd_step, carry, minibatches)
+
+        def to_minibatches(x):
+            # [R, N/R, ...] -> [M, R, N/(R M), ...]: minibatch m takes a slice of every replica.
+            idx = permutations.reshape(replicas, per_replica, *([1] * (x.ndim - 2)))
+            x = jnp.take_along_axis(x, idx, axis=1)
+            x = x.reshape(replicas, c.num_minibatches, -1, *x.shape[2:]).swapaxes(0, 1)
+            return constrain(x, None, "replica", rules=self.rules)
+
+        return jax.lax.scan(self._sgd_step, carry, jax.tree.map(to_minibatches, batch))
 
     def update(self, state: PPOState) -> tuple[PPOState, dict[str, jax.Array]]:
         """One PPO iteration: rollout, GAE, ``update_epochs`` x shuffled minibatches."""
@@ -323,22 +359,27 @@ class PPO:
             "advantage": advantages,
             "return": returns,
         }
-        # [T, B@data, ...] -> [B@data * T, ...]: env-major so the flat axis keeps the data split.
+        # [T, B@data, ...] -> [R@data, B/R * T, ...]: a replica's own environments, env-major,
+        # so no sample leaves its data shard.
         batch = jax.tree.map(
             lambda x: constrain(
-                jnp.swapaxes(x, 0, 1).reshape(c.batch_size, *x.shape[2:]), "batch", rules=self.rules
+                jnp.swapaxes(x, 0, 1).reshape(self.replicas, -1, *x.shape[2:]),
+                "replica",
+                rules=self.rules,
             ),
             samples,
         )
-        (params, opt_state), sgd_metrics = jax.lax.scan(
+        (params, opt_state, sync), sgd_metrics = jax.lax.scan(
             lambda carry, k: self._epoch(carry, k, batch),
-            (state.params, state.opt_state),
+            (state.params, state.opt_state, state.sync),
             jax.random.split(epoch_key, c.update_epochs),
         )
         stats = env.stats
         finished = stats.completed > 0
-        metrics = jax.tree.map(jnp.mean, sgd_metrics)
+        metrics = jax.tree.map(lambda m: jnp.mean(m.astype(jnp.float32)), sgd_metrics)
         metrics.update(
+            optimizer_steps=jnp.int32(c.update_epochs * c.num_minibatches),
+            syncs=jnp.sum(sgd_metrics["synced"]),
             episode_return=jnp.sum(jnp.where(finished, stats.last_return, 0.0))
             / jnp.maximum(finished.sum(), 1),
             episode_length=jnp.sum(jnp.where(finished, stats.last_length, 0))
@@ -347,8 +388,28 @@ class PPO:
             truncations=tr.truncated.sum(),
             terminations=tr.terminated.sum(),
         )
-        new_state = PPOState(params, opt_state, env, key, state.update_step + 1)
+        new_state = PPOState(params, opt_state, sync, env, key, state.update_step + 1)
         return new_state, metrics
+
+    def optimizer_step(self, state: PPOState) -> PPOState:
+        """One optimizer step on a placeholder minibatch ``[R@data, n, ...]``: the program whose
+        collectives ``rljax.runner.communication`` counts (values do not matter there)."""
+        c, obs_dim = self.config, self.env.spec.obs_dim
+        n = c.minibatch_size // self.replicas
+        shapes = {"obs": (n, obs_dim), "action": (n,), "log_prob": (n,), "value": (n,)}
+        shapes |= {"advantage": (n,), "return": (n,)}
+        minibatch = {
+            k: constrain(
+                jnp.zeros((self.replicas, *shape), jnp.int32 if k == "action" else jnp.float32),
+                "replica",
+                rules=self.rules,
+            )
+            for k, shape in shapes.items()
+        }
+        (params, opt_state, sync), _ = self._sgd_step(
+            (state.params, state.opt_state, state.sync), minibatch
+        )
+        return state.replace(params=params, opt_state=opt_state, sync=sync)
 
     def env_steps(self, state: PPOState) -> jax.Array:
         return state.update_step * self.config.batch_size

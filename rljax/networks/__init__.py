@@ -1,6 +1,19 @@
 """Flax networks with logically-named, tensor-parallel parameters."""
 
 from rljax.networks import distributions
-from rljax.networks.mlp import ACTIVATIONS, ActorCritic, MLPTower, check_tensor_parallel
+from rljax.networks.mlp import (
+    ACTIVATIONS,
+    ActorCritic,
+    MLPTower,
+    QNetwork,
+    check_tensor_parallel,
+)
 
-__all__ = ["ACTIVATIONS", "ActorCritic", "MLPTower", "check_tensor_parallel", "distributions"]
+__all__ = [
+    "ACTIVATIONS",
+    "ActorCritic",
+    "MLPTower",
+    "QNetwork",
+    "check_tensor_parallel",
+    "distributions",
+]

@@ -112,6 +112,35 @@ class ActorCritic(nn.Module):
         return self._value(self._features(obs))
 
 
+class QNetwork(nn.Module):
+    """Action values from one tensor-parallel tower; optionally dueling.
+
+    ``obs: [B@data, D]`` -> ``q: [B@data, A]``. Dueling: ``Q = V + A - mean_a A`` from a value and
+    an advantage head on the same tower.
+    """
+
+    num_actions: int
+    widths: Sequence[int] = (120, 84)
+    activation: str = "relu"
+    dueling: bool = False
+    rules: RulesTuple = DEFAULT_RULES
+
+    @nn.compact
+    def __call__(self, obs):
+        rules = dict(self.rules)
+        x = constrain(obs.reshape(obs.shape[0], -1), "batch", "embed", rules=rules)
+        x = MLPTower(self.widths, self.activation, self.rules, name="tower")(x)
+        in_axis = output_axis(len(self.widths))
+        # Lecun-normal-like scale 1.0 for the heads (orthogonal), as a plain Dense would.
+        advantage = head(self.num_actions, in_axis, "actions", 1.0, "q_head")(x)
+        advantage = constrain(advantage, "batch", "actions", rules=rules)
+        if not self.dueling:
+            return advantage
+        value = head(1, in_axis, "value", 1.0, "value_head")(x)
+        value = constrain(value, "batch", None, rules=rules)
+        return value + advantage - advantage.mean(axis=-1, keepdims=True)
+
+
 def check_tensor_parallel(name_to_widths: dict[str, Sequence[int]], model_size: int) -> None:
     """Every column-split layer's width must divide by the ``model`` axis size."""
     for tower, widths in name_to_widths.items():

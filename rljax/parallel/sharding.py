@@ -7,6 +7,8 @@ changing the parallelism layout means changing ``LOGICAL_RULES`` and nothing els
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Mapping
 
 import flax.linen as nn
@@ -19,6 +21,7 @@ LogicalRules = Mapping[str, str | None]
 
 LOGICAL_RULES: LogicalRules = {
     "batch": "data",  # environments / samples: data parallel
+    "replica": "data",  # per-replica state of local/adaptive gradient sync (one replica per shard)
     "seed": None,  # vmapped independent seeds: replicated unless placed on `data`
     "hidden": "model",  # the tensor-parallel width of a column- then row-split MLP block
     "embed": None,  # replicated feature axes (observations, block outputs)
@@ -83,15 +86,39 @@ def batch_spec_like(tree):
     return jax.tree.map(lambda _: PartitionSpec("batch"), tree)
 
 
+# Mesh axes already spent by an enclosing ``vmap(..., spmd_axis_name=...)`` (the per-replica vmap
+# of gradient sync): code traced inside must not name them again.
+_TAKEN_AXES: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "rljax_taken_mesh_axes", default=frozenset()
+)
+
+
+@contextlib.contextmanager
+def axes_taken(*mesh_axes: str | None):
+    """While tracing inside ``vmap(spmd_axis_name=axis)``, ``constrain`` leaves ``axis`` out."""
+    token = _TAKEN_AXES.set(_TAKEN_AXES.get() | {a for a in mesh_axes if a is not None})
+    try:
+        yield
+    finally:
+        _TAKEN_AXES.reset(token)
+
+
 def constrain(x, *logical_axes: str | None, rules: LogicalRules = LOGICAL_RULES):
     """``with_sharding_constraint`` by logical names, against the mesh set by ``jax.set_mesh``.
 
-    A no-op outside a mesh context, so pure functions stay usable without one.
+    A no-op outside a mesh context, so pure functions stay usable without one. Mesh axes that are
+    manual here (inside ``shard_map``) or taken by an enclosing spmd vmap are left out: the array
+    is already the per-device (per-replica) piece along them.
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x
     spec = logical_to_mesh_spec(PartitionSpec(*logical_axes), rules)
+    unavailable = set(mesh.manual_axes) | _TAKEN_AXES.get()
+    if unavailable:
+        spec = PartitionSpec(*(None if a in unavailable else a for a in spec))
+        if all(a is None for a in spec):
+            return x
     return jax.lax.with_sharding_constraint(x, spec)
 
 

@@ -1,0 +1,172 @@
+"""DQN throughput and return benchmark: rljax vs the PureJaxRL DQN port, side by side.
+
+Reference config (``rljax.DQNConfig()`` defaults = PureJaxRL's ``dqn.py`` defaults): CartPole-v1,
+10 envs, replay 10k, batch 128, lr 2.5e-4, epsilon 1.0 -> 0.05 over 2.5e5 steps, learning starts
+at 1e4, one gradient step every 10 env steps, hard target update every 500 env steps, gamma 0.99,
+MLP 120-84 relu, 5e5 env steps per seed.
+
+Rows
+  rljax       ``ShardedRun`` on ``data=1,model=1`` (1 device), and on ``data=2,model=2`` (4
+              emulated CPU devices: replay and environments split over 2 data shards, Q-network
+              over 2 model shards)
+  purejaxrl   ``experiments/baselines/purejaxrl_dqn.py``, ``jax.jit(make_train(cfg))(key)``
+
+Columns: compile seconds (ahead of time, never in steps/s); env steps/s of the compiled training
+call only (best of ``--repeats``); the final return (mean over envs of each env's last completed
+episode at the end of training, as both code bases report it); the first env step whose return
+reached 500; wall seconds to reach it (steps to 500 / steps per second).
+
+    python experiments/bench_dqn.py                      # full benchmark (a few minutes)
+    python experiments/bench_dqn.py --total-timesteps 50000 --repeats 1 --groups single  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from experiments.bench_harness import (  # noqa: E402
+    REPO_ROOT,
+    log,
+    markdown_table,
+    run_worker,
+    timed,
+    write_report,
+)
+
+DEFAULT_OUT = REPO_ROOT / "experiments" / "results" / "bench_dqn.json"
+GROUPS = {"single": ("data=1,model=1", 1), "mesh": ("data=2,model=2", 4)}
+MARKER = "@@BENCH_DQN_RESULT@@ "
+COLUMNS = [
+    ("implementation", "implementation", ""),
+    ("mesh", "mesh", ""),
+    ("seed", "seed", "d"),
+    ("compile s", "compile_s", ".2f"),
+    ("env steps/s", "steps_per_s", ",.0f"),
+    ("final return", "final_return", ".1f"),
+    ("steps to 500", "steps_to_500", ",d"),
+    ("s to 500", "seconds_to_500", ".1f"),
+]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--total-timesteps", type=int, default=500_000)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per seed")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of seed 0 (best reported)")
+    p.add_argument("--groups", nargs="+", choices=sorted(GROUPS), default=["single", "mesh"])
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--_worker", choices=sorted(GROUPS), help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def first_at_least(values, steps, threshold=500.0):
+    hits = [s for v, s in zip(values, steps, strict=True) if v >= threshold]
+    return int(hits[0]) if hits else None
+
+
+def worker(group: str, args: argparse.Namespace) -> dict:
+    import jax
+
+    mesh_spec, devices = GROUPS[group]
+    jax.config.update("jax_num_cpu_devices", devices)
+    import numpy as np
+
+    from rljax import DQN, DQNConfig
+    from rljax.parallel import make_mesh
+    from rljax.runner import ShardedRun
+
+    cfg = DQNConfig(total_timesteps=args.total_timesteps)
+    steps = cfg.num_updates * cfg.env_steps_per_update
+    mesh = make_mesh(mesh_spec)
+    run = ShardedRun(DQN(cfg, replicas=mesh.shape["data"]), mesh, chunk_size=cfg.num_updates)
+    run.compile(jax.random.key(0))
+    compile_s = sum(run.compile_seconds.values())
+    rows = []
+    for seed in args.seeds:
+        repeats = args.repeats if seed == args.seeds[0] else 1
+        best, times, (_, metrics) = timed(
+            lambda state: run.run_chunk(state, cfg.num_updates),
+            lambda seed=seed: run.init(jax.random.key(seed)),
+            repeats,
+        )
+        returns = np.asarray(metrics["episode_return"])
+        env_steps = (np.arange(len(returns)) + 1) * cfg.env_steps_per_update
+        rows.append(
+            row("rljax", mesh_spec, seed, compile_s, steps, best, times, returns, env_steps)
+        )
+    if group != "single":
+        return {"rows": rows}
+
+    from experiments.baselines.purejaxrl_dqn import DEFAULT_CONFIG, make_train
+
+    pj_cfg = {**DEFAULT_CONFIG, "TOTAL_TIMESTEPS": args.total_timesteps, "FIX_DUMMY_RNG": True}
+    train = jax.jit(make_train(pj_cfg))
+    import time
+
+    t0 = time.perf_counter()
+    train = train.lower(jax.random.key(0)).compile()
+    compile_s = time.perf_counter() - t0
+    pj_steps = int(pj_cfg["TOTAL_TIMESTEPS"] // pj_cfg["NUM_ENVS"]) * pj_cfg["NUM_ENVS"]
+    for seed in args.seeds:
+        repeats = args.repeats if seed == args.seeds[0] else 1
+        best, times, out = timed(train, lambda seed=seed: jax.random.key(seed), repeats)
+        returns = np.asarray(out["metrics"]["returns"])
+        env_steps = np.asarray(out["metrics"]["timesteps"])
+        rows.append(
+            row("purejaxrl", "1 device", seed, compile_s, pj_steps, best, times, returns, env_steps)
+        )
+    return {"rows": rows}
+
+
+def row(impl, mesh, seed, compile_s, steps, best, times, returns, env_steps):
+    to_500 = first_at_least(returns, env_steps)
+    r = {
+        "implementation": impl,
+        "mesh": mesh,
+        "seed": seed,
+        "compile_s": compile_s,
+        "run_s": best,
+        "run_s_all": times,
+        "env_steps": steps,
+        "steps_per_s": steps / best,
+        "final_return": float(returns[-1]),
+        "steps_to_500": to_500,
+        "seconds_to_500": None if to_500 is None else to_500 / (steps / best),
+    }
+    log(
+        f"{impl:<10} {mesh:<15} seed {seed}  compile {compile_s:5.2f}s  "
+        f"{r['steps_per_s']:>9,.0f} steps/s  final return {r['final_return']:6.1f}  "
+        f"500 at {to_500}"
+    )
+    return r
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args._worker:
+        print(MARKER + json.dumps(worker(args._worker, args)), flush=True)
+        return
+    passthrough = [
+        "--total-timesteps",
+        str(args.total_timesteps),
+        "--repeats",
+        str(args.repeats),
+        "--seeds",
+        *map(str, args.seeds),
+    ]
+    rows = []
+    for group in args.groups:
+        rows += run_worker(Path(__file__).resolve(), group, passthrough, MARKER)["rows"]
+    table = markdown_table(rows, COLUMNS)
+    print(f"\nDQN CartPole-v1, {args.total_timesteps:,} env steps per seed\n\n{table}")
+    report = {"total_timesteps": args.total_timesteps, "rows": rows, "table": table}
+    write_report(args.out, "bench_dqn", report)
+
+
+if __name__ == "__main__":
+    main()

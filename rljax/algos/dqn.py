@@ -1,0 +1,487 @@
+"""DQN and its common extensions on batched gymnax environments, as pure functions.
+
+    dqn = DQN(DQNConfig(env="CartPole-v1"))
+    state = dqn.init(jax.random.key(0))      # DQNState pytree (buffer included)
+    state, metrics = dqn.update(state)        # steps_per_update vector env steps, each followed
+                                              # by its gradient step(s) once learning started
+
+Switches: Double DQN, dueling head, n-step returns, hard (``tau=1``) or Polyak target updates,
+linear epsilon-greedy, Huber or MSE loss, global-norm clipping, linear LR decay, prioritized
+replay. The replay buffer (``rljax.buffers``) is sharded along ``data`` with the environments:
+each data shard writes and samples its own rows. Gradients go through ``rljax.parallel.sync``
+like PPO's, so every synchronisation strategy works here too.
+
+Truncation: every stored step keeps ``final_obs`` (the pre-reset observation). An n-step window
+ends at its first terminated or truncated step; the target bootstraps from
+``Q_target(final_obs)`` at that step after a truncation or a full window, never after a
+termination. Counters (``learning_starts``, epsilon decay, ``train_frequency``,
+``target_update_interval``) are in environment steps summed over all environments, as in
+PureJaxRL and CleanRL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from rljax.buffers import ReplayBuffer, add, init_buffer, sample, update_priorities
+from rljax.buffers.replay import buffer_logical_specs
+from rljax.envs import BatchedEnv, EnvBatch, check_env_name
+from rljax.errors import ConfigError
+from rljax.networks import QNetwork
+from rljax.networks.mlp import check_tensor_parallel, init_dummy_obs
+from rljax.parallel.sharding import LOGICAL_RULES, LogicalRules, batch_spec_like, constrain
+from rljax.parallel.sync import GradientSync, SyncConfig, validate_sync
+
+
+@dataclasses.dataclass(frozen=True)
+class DQNConfig:
+    """DQN hyperparameters (defaults: PureJaxRL's CartPole DQN)."""
+
+    env: str = "CartPole-v1"
+    """gymnax environment with discrete actions."""
+    num_envs: int = 10
+    """parallel environments (sharded along `data`, each shard with its own replay rows)."""
+    total_timesteps: int = 500_000
+    """environment steps per seed; rounded down to whole updates."""
+    steps_per_update: int = 50
+    """vector env steps per `update` call (one metrics row)."""
+    buffer_size: int = 10_000
+    """replay capacity in transitions (a multiple of num_envs)."""
+    batch_size: int = 128
+    """transitions per gradient step (sharded along `data`)."""
+    learning_starts: int = 10_000
+    """environment steps before the first gradient step."""
+    train_frequency: int = 10
+    """environment steps per gradient step (divides num_envs or is a multiple of it)."""
+    target_update_interval: int = 500
+    """environment steps between target-network updates."""
+    tau: float = 1.0
+    """target update: 1 copies the online network (hard), < 1 is Polyak averaging."""
+    gamma: float = 0.99
+    n_step: int = 1
+    """n-step returns (windows cut at episode ends)."""
+    double_dqn: bool = False
+    """select the next action with the online network, evaluate it with the target network."""
+    dueling: bool = False
+    loss: Literal["mse", "huber"] = "mse"
+    lr: float = 2.5e-4
+    lr_decay: bool = False
+    """linear decay of the learning rate to 0 over training."""
+    max_grad_norm: float = 0.0
+    """global-norm gradient clipping; 0 disables it."""
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.05
+    epsilon_decay_steps: int = 250_000
+    """environment steps over which epsilon falls linearly from start to end."""
+    prioritized: bool = False
+    """proportional prioritized replay."""
+    per_alpha: float = 0.6
+    per_beta: float = 0.4
+    """initial importance-weight exponent, annealed linearly to 1 over training."""
+    per_eps: float = 1e-6
+    q_widths: tuple[int, ...] = (120, 84)
+    """Q-network hidden widths; even layers column-split, odd row-split over `model`."""
+    activation: Literal["tanh", "relu", "gelu", "silu"] = "relu"
+    sync: SyncConfig = SyncConfig()
+    """gradient synchronisation across the data axis (rljax.parallel.sync)."""
+
+    @property
+    def env_steps_per_update(self) -> int:
+        return self.num_envs * self.steps_per_update
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.env_steps_per_update
+
+    @property
+    def grad_steps_per_env_step(self) -> int:
+        """Gradient steps after each vector step (0: one every ``train_frequency // num_envs``)."""
+        return self.num_envs // self.train_frequency
+
+
+def validate(config: DQNConfig, data_size: int = 1, model_size: int = 1) -> None:
+    """Raise ``ConfigError`` naming the first invalid field; called before anything compiles."""
+    c = config
+    check_env_name(c.env)
+    for name in (
+        "num_envs",
+        "total_timesteps",
+        "steps_per_update",
+        "buffer_size",
+        "batch_size",
+        "train_frequency",
+        "target_update_interval",
+        "n_step",
+    ):
+        if getattr(c, name) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {getattr(c, name)}")
+    for name in ("learning_starts", "epsilon_decay_steps", "max_grad_norm", "per_alpha"):
+        if getattr(c, name) < 0:
+            raise ConfigError(f"{name} must be >= 0, got {getattr(c, name)}")
+    if not c.lr > 0:
+        raise ConfigError(f"lr (learning rate) must be > 0, got {c.lr}")
+    for name in ("epsilon_start", "epsilon_end", "gamma", "per_beta"):
+        if not 0.0 <= getattr(c, name) <= 1.0:
+            raise ConfigError(f"{name} must be in [0, 1], got {getattr(c, name)}")
+    if not 0.0 < c.tau <= 1.0:
+        raise ConfigError(f"tau must be in (0, 1] (1 = hard target update), got {c.tau}")
+    if c.num_envs % data_size:
+        raise ConfigError(
+            f"num_envs={c.num_envs} is not divisible by the data axis size {data_size}; "
+            f"use a multiple of {data_size}"
+        )
+    if c.batch_size % data_size:
+        raise ConfigError(
+            f"batch_size={c.batch_size} is not divisible by the data axis size {data_size} "
+            f"(each data shard samples batch_size / {data_size} from its own replay rows)"
+        )
+    if c.buffer_size % c.num_envs or c.buffer_size < c.num_envs:
+        raise ConfigError(
+            f"buffer_size={c.buffer_size} must be a positive multiple of num_envs={c.num_envs} "
+            "(one ring per environment)"
+        )
+    if c.buffer_size < c.batch_size:
+        raise ConfigError(
+            f"buffer_size={c.buffer_size} is smaller than batch_size={c.batch_size}; the replay "
+            "buffer must hold at least one batch"
+        )
+    if c.n_step > c.buffer_size // c.num_envs:
+        raise ConfigError(
+            f"n_step={c.n_step} exceeds the items kept per environment "
+            f"(buffer_size / num_envs = {c.buffer_size // c.num_envs})"
+        )
+    if c.num_envs % c.train_frequency and c.train_frequency % c.num_envs:
+        raise ConfigError(
+            f"train_frequency={c.train_frequency} must divide num_envs={c.num_envs} or be a "
+            "multiple of it (gradient steps happen between vector env steps)"
+        )
+    if c.num_updates < 1:
+        raise ConfigError(
+            f"total_timesteps={c.total_timesteps} is less than one update "
+            f"(num_envs*steps_per_update={c.env_steps_per_update})"
+        )
+    if c.learning_starts >= c.total_timesteps:
+        raise ConfigError(
+            f"learning_starts={c.learning_starts} is not below total_timesteps="
+            f"{c.total_timesteps}: the run would never learn"
+        )
+    # Every sampled window must lie in written steps: learning_starts fills n_step per row.
+    if c.learning_starts < c.n_step * c.num_envs:
+        raise ConfigError(
+            f"learning_starts={c.learning_starts} must be >= n_step * num_envs = "
+            f"{c.n_step * c.num_envs} so that whole n-step windows exist before sampling"
+        )
+    validate_sync(c.sync)
+    check_tensor_parallel({"q": c.q_widths}, model_size)
+
+
+@struct.dataclass
+class DQNState:
+    """``params``/``target_params``/``opt_state`` are ``[R@data, ...]`` for local/adaptive sync."""
+
+    params: Any
+    target_params: Any
+    opt_state: Any
+    sync: dict[str, Any]
+    env: EnvBatch
+    buffer: ReplayBuffer  # leaves [B@data, K, ...]
+    key: jax.Array
+    update_step: jax.Array  # int32: update() calls done
+    env_steps: jax.Array  # int32: environment steps done (all envs)
+
+
+def nstep_return(rewards, terminated, truncated, gamma: float):
+    """n-step return of windows ``[N, n]`` cut at the first episode end.
+
+    Returns ``(partial_return [N], bootstrap_discount [N], end [N])``: the target is
+    ``partial_return + bootstrap_discount * V(final_obs[:, end])``. With ``m = end`` the first
+    terminated or truncated step (``n - 1`` if none), ``partial_return = sum_{k<=m} gamma^k r_k``
+    and ``bootstrap_discount = gamma^(m+1)``, or 0 when step ``m`` terminated.
+    """
+    n = rewards.shape[-1]
+    ended = jnp.logical_or(terminated, truncated)
+    # Steps after the first end belong to the next episode.
+    before_end = jnp.cumsum(ended, axis=-1) - ended  # ends strictly before k
+    inside = before_end == 0
+    discounts = gamma ** jnp.arange(n, dtype=jnp.float32)
+    partial = jnp.sum(jnp.where(inside, rewards * discounts, 0.0), axis=-1)
+    end = jnp.minimum(jnp.sum(inside, axis=-1) - 1, n - 1)
+    terminal = jnp.take_along_axis(terminated, end[:, None], axis=-1)[:, 0]
+    bootstrap = jnp.where(terminal, 0.0, gamma ** (end + 1).astype(jnp.float32))
+    return partial, bootstrap, end
+
+
+def bootstrap_value(target_q: jax.Array, online_q: jax.Array | None = None) -> jax.Array:
+    """``[N, A]`` -> ``[N]``: ``max_a Q_target``, or with ``online_q`` (Double DQN)
+    ``Q_target(argmax_a Q_online)``."""
+    chooser = target_q if online_q is None else online_q
+    action = jnp.argmax(chooser, axis=-1)
+    return jnp.take_along_axis(target_q, action[:, None], axis=-1)[:, 0]
+
+
+def td_loss(error: jax.Array, kind: str) -> jax.Array:
+    if kind == "huber":
+        return optax.huber_loss(error, delta=1.0)
+    return jnp.square(error)
+
+
+class DQN:
+    """DQN built from a config; methods are pure functions of their array arguments.
+
+    ``replicas`` data-parallel replicas (the mesh's data axis size) each own ``num_envs / R``
+    environments and their replay rows and sample ``batch_size / R`` per gradient step.
+    """
+
+    def __init__(self, config: DQNConfig, rules: LogicalRules = LOGICAL_RULES, replicas: int = 1):
+        self.config = c = config
+        self.rules = dict(rules)
+        self.replicas = replicas
+        self.env = BatchedEnv(c.env, c.num_envs, self.rules)
+        self.network = QNetwork(
+            num_actions=self.env.spec.num_actions,
+            widths=c.q_widths,
+            activation=c.activation,
+            dueling=c.dueling,
+            rules=tuple(self.rules.items()),
+        )
+        total_grad_steps = max(1, (c.total_timesteps - c.learning_starts) // c.train_frequency)
+        lr = optax.linear_schedule(c.lr, 0.0, total_grad_steps) if c.lr_decay else c.lr
+        chain = [optax.clip_by_global_norm(c.max_grad_norm)] if c.max_grad_norm > 0 else []
+        self.optimizer = optax.chain(*chain, optax.adam(lr))
+        boxed_params = jax.eval_shape(self._init_params, jax.random.key(0))
+        self.sync = GradientSync(c.sync, self.optimizer, replicas, boxed_params, self.rules)
+
+    # -- initialisation ---------------------------------------------------------------------------
+    def _init_params(self, key):
+        return self.network.init(key, init_dummy_obs((self.env.spec.obs_dim,)))
+
+    def _buffer_item(self, obs):
+        """One stored env step, leaves ``[B, ...]``."""
+        b = self.config.num_envs
+        return {
+            "obs": obs,
+            "action": jnp.zeros((b,), jnp.int32),
+            "reward": jnp.zeros((b,), jnp.float32),
+            "terminated": jnp.zeros((b,), bool),
+            "truncated": jnp.zeros((b,), bool),
+            "final_obs": obs,
+        }
+
+    def init_boxed(self, key: jax.Array) -> DQNState:
+        """One replica's state, parameters and optimizer moments in logical-axis boxes."""
+        c = self.config
+        net_key, env_key, key = jax.random.split(key, 3)
+        params = self._init_params(net_key)
+        env = self.env.reset(env_key)
+        buffer = init_buffer(
+            self._buffer_item(env.obs), c.buffer_size, c.prioritized, rules=self.rules
+        )
+        zero = jnp.zeros((), jnp.int32)
+        return DQNState(
+            params, params, self.optimizer.init(params), {}, env, buffer, key, zero, zero
+        )
+
+    def init(self, key: jax.Array) -> DQNState:
+        """``key`` -> a fresh ``DQNState`` (plain arrays, in the sync strategy's layout)."""
+        state = nn.meta.unbox(self.init_boxed(key))
+        params, opt_state, sync = self.sync.init(state.params, state.opt_state)
+        target = params  # the target network starts as a copy, in the same layout
+        return state.replace(params=params, target_params=target, opt_state=opt_state, sync=sync)
+
+    def logical_specs(self) -> DQNState:
+        """Logical ``PartitionSpec`` of every leaf of the state (for ``rljax.runner``)."""
+        abstract = jax.eval_shape(self.init_boxed, jax.random.key(0))
+        specs = nn.get_partition_spec(abstract)
+        params, opt_state, sync = self.sync.logical_specs()
+        return specs.replace(
+            params=params,
+            target_params=params,
+            opt_state=opt_state,
+            sync=sync,
+            env=batch_spec_like(abstract.env),
+            buffer=buffer_logical_specs(abstract.buffer),
+        )
+
+    # -- acting -----------------------------------------------------------------------------------
+    def q_values(self, params, obs: jax.Array) -> jax.Array:
+        """``obs: [B@data, D]`` -> ``[B@data, A]`` (replica ``r`` scores its own rows)."""
+        return self.sync.map_replicas(self.network.apply, params, obs)
+
+    def epsilon(self, env_steps: jax.Array) -> jax.Array:
+        c = self.config
+        fraction = jnp.clip(env_steps / max(c.epsilon_decay_steps, 1), 0.0, 1.0)
+        return c.epsilon_start + fraction * (c.epsilon_end - c.epsilon_start)
+
+    def act(self, params, obs, key, epsilon):
+        """Epsilon-greedy ``[B@data]`` int32 actions."""
+        greedy = jnp.argmax(self.q_values(params, obs), axis=-1).astype(jnp.int32)
+        explore_key, action_key = jax.random.split(key)
+        b = obs.shape[0]
+        random_action = jax.random.randint(action_key, (b,), 0, self.env.spec.num_actions)
+        explore = jax.random.uniform(explore_key, (b,)) < epsilon
+        return jnp.where(explore, random_action, greedy)
+
+    # -- learning ---------------------------------------------------------------------------------
+    def targets(self, params, target_params, window) -> jax.Array:
+        """TD targets ``[N@data]`` of sampled windows (leaves ``[N@data, n, ...]``)."""
+        c = self.config
+        partial, bootstrap, end = nstep_return(
+            window["reward"], window["terminated"], window["truncated"], c.gamma
+        )
+        last_obs = jnp.take_along_axis(window["final_obs"], end[:, None, None], axis=1)[:, 0]
+        next_q = self.q_values(target_params, last_obs)
+        online_q = self.q_values(params, last_obs) if c.double_dqn else None
+        next_value = bootstrap_value(next_q, online_q)
+        return partial + bootstrap * jax.lax.stop_gradient(next_value)
+
+    def loss(self, params, batch):
+        """One replica's TD loss on ``batch`` leaves ``[n, ...]`` -> ``(loss, aux)``."""
+        q = self.network.apply(params, batch["obs"])
+        chosen = jnp.take_along_axis(q, batch["action"][:, None], axis=-1)[:, 0]
+        error = chosen - batch["target"]
+        loss = jnp.mean(batch["weight"] * td_loss(error, self.config.loss))
+        return loss, {"td_error": error, "q_mean": chosen.mean()}
+
+    def _per_beta(self, env_steps):
+        c = self.config
+        fraction = jnp.clip(env_steps / c.total_timesteps, 0.0, 1.0)
+        return c.per_beta + fraction * (1.0 - c.per_beta)
+
+    def _gradient_step(self, state: DQNState, key) -> tuple[DQNState, dict[str, jax.Array]]:
+        c, replicas = self.config, self.replicas
+        drawn = sample(
+            state.buffer,
+            key,
+            c.batch_size,
+            c.n_step,
+            self._per_beta(state.env_steps),
+            rules=self.rules,
+        )
+        window = drawn.window
+        batch = {
+            "obs": window["obs"][:, 0],
+            "action": window["action"][:, 0],
+            "target": self.targets(state.params, state.target_params, window),
+            "weight": drawn.weight,
+        }
+        # [N@data] -> [R@data, N/R]: replica r learns from the rows its shard sampled.
+        batch = jax.tree.map(
+            lambda x: constrain(
+                x.reshape(replicas, -1, *x.shape[1:]), "replica", rules=self.rules
+            ),
+            batch,
+        )
+        (loss, aux), grads = self.sync.grads(self.loss, state.params, batch)
+        params, opt_state, sync, sync_metrics = self.sync.step(
+            state.params, state.opt_state, state.sync, grads
+        )
+        buffer = state.buffer
+        if c.prioritized:
+            td_error = aux["td_error"].reshape(-1)
+            buffer = update_priorities(
+                buffer, drawn.index, td_error, c.per_alpha, c.per_eps, rules=self.rules
+            )
+        metrics = {"loss": loss.mean(), "q_mean": aux["q_mean"].mean(), **sync_metrics}
+        state = state.replace(params=params, opt_state=opt_state, sync=sync, buffer=buffer)
+        return state, metrics
+
+    def _train(self, state: DQNState, key) -> tuple[DQNState, dict[str, jax.Array]]:
+        """The gradient steps due after one vector step (``grad_steps_per_env_step`` of them)."""
+        steps = max(self.config.grad_steps_per_env_step, 1)
+        if steps == 1:
+            return self._gradient_step(state, key)
+        state, metrics = jax.lax.scan(self._gradient_step, state, jax.random.split(key, steps))
+        return state, jax.tree.map(jnp.mean, metrics)
+
+    def _env_step(self, state: DQNState, key) -> tuple[DQNState, dict[str, jax.Array]]:
+        """One vector step, its replay write, the gradient step(s) due and the target update."""
+        c = self.config
+        act_key, env_key, train_key = jax.random.split(key, 3)
+        epsilon = self.epsilon(state.env_steps)
+        action = self.act(state.params, state.env.obs, act_key, epsilon)
+        env, tr = self.env.step(env_key, state.env, action)
+        item = {
+            "obs": tr.obs,
+            "action": action,
+            "reward": tr.reward,
+            "terminated": tr.terminated,
+            "truncated": tr.truncated,
+            "final_obs": tr.final_obs,
+        }
+        buffer = add(state.buffer, item, rules=self.rules)
+        previous, env_steps = state.env_steps, state.env_steps + c.num_envs
+        state = state.replace(env=env, buffer=buffer, env_steps=env_steps)
+
+        due = env_steps // c.train_frequency > previous // c.train_frequency
+        learn = jnp.logical_and(env_steps > c.learning_starts, due)
+        metric_shapes = jax.eval_shape(self._train, state, train_key)[1]
+
+        def skip(state, key):
+            return state, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metric_shapes)
+
+        state, train_metrics = jax.lax.cond(learn, self._train, skip, state, train_key)
+
+        interval = c.target_update_interval
+        update_target = env_steps // interval > previous // interval
+        tau = c.tau
+        target = jax.tree.map(
+            lambda t, p: jnp.where(update_target, tau * p + (1.0 - tau) * t, t),
+            state.target_params,
+            state.params,
+        )
+        state = state.replace(target_params=target)
+        metrics = {
+            **train_metrics,
+            "trained": learn.astype(jnp.int32),
+            "epsilon": epsilon,
+            "truncations": tr.truncated.sum(),
+            "terminations": tr.terminated.sum(),
+        }
+        return state, metrics
+
+    def update(self, state: DQNState) -> tuple[DQNState, dict[str, jax.Array]]:
+        """``steps_per_update`` vector env steps (with learning) -> state, metrics averaged over
+        the steps (losses over the steps that trained)."""
+        key, steps_key = jax.random.split(state.key)
+        state, per_step = jax.lax.scan(
+            self._env_step, state, jax.random.split(steps_key, self.config.steps_per_update)
+        )
+        trained = per_step.pop("trained")
+        count = jnp.maximum(trained.sum(), 1)
+        # Learner metrics average over the steps that trained, the rest over all steps.
+        metrics = {
+            name: jnp.sum(value.astype(jnp.float32) * trained) / count
+            if name not in ("epsilon", "truncations", "terminations")
+            else jnp.mean(value.astype(jnp.float32))
+            for name, value in per_step.items()
+        }
+        stats = state.env.stats
+        finished = stats.completed > 0
+        optimizer_steps = trained.sum() * max(self.config.grad_steps_per_env_step, 1)
+        metrics.update(
+            optimizer_steps=optimizer_steps,
+            syncs=jnp.round(metrics["synced"] * optimizer_steps).astype(jnp.int32),
+            episode_return=jnp.sum(jnp.where(finished, stats.last_return, 0.0))
+            / jnp.maximum(finished.sum(), 1),
+            episode_length=jnp.sum(jnp.where(finished, stats.last_length, 0))
+            / jnp.maximum(finished.sum(), 1),
+            episodes=stats.completed.sum(),
+            truncations=per_step["truncations"].sum(),
+            terminations=per_step["terminations"].sum(),
+        )
+        return state.replace(key=key, update_step=state.update_step + 1), metrics
+
+    def optimizer_step(self, state: DQNState) -> DQNState:
+        """One gradient step (sample, targets, sync, priorities): the program whose collectives
+        ``rljax.runner.communication`` counts."""
+        return self._gradient_step(state, state.key)[0]
+
+    def env_steps(self, state: DQNState) -> jax.Array:
+        return state.env_steps
