@@ -2,7 +2,8 @@
 
 from rljax.algos import DQN, PPO, DQNConfig, DQNState, PPOConfig, PPOState
 from rljax.errors import ConfigError
-from rljax.runner import RunConfig, ShardedRun, train
+from rljax.runner import RunConfig, ShardedRun
+from rljax.training import TrainResult, train
 
 __all__ = [
     "DQN",
@@ -14,6 +15,7 @@ __all__ = [
     "PPOState",
     "RunConfig",
     "ShardedRun",
+    "TrainResult",
     "train",
 ]
 __version__ = "0.1.0"

@@ -347,6 +347,16 @@ class Checkpointer:
         self._check_open()
         self._finish_pending()
 
+    def poll(self) -> None:
+        """Without blocking: if the last async save has finished, make it durable now (manifest,
+        pruning), so that a run killed later keeps it. Process 0 decides for every process."""
+        self._check_open()
+        if self._pending is None:
+            return
+        finished = _agree(0 if self._manager.is_saving_in_progress() else 1)
+        if finished:
+            self._finish_pending()
+
     def _finish_pending(self) -> None:
         step, self._pending = self._pending, None
         try:

@@ -60,8 +60,23 @@ class RunLog:
             self._metrics_file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
         self._metrics_file.flush()
 
+    def truncate(self, last_update: int) -> None:
+        """Drop rows after ``last_update`` (resume / rollback: they are recomputed)."""
+        self._metrics_file.close()
+        rows = [r for r in read_metrics(self.metrics_path) if r.get("update", 0) <= last_update]
+        with open(self.metrics_path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        self._metrics_file = open(self.metrics_path, "a")
+
     def close(self) -> None:
         self._metrics_file.close()
+
+
+class NullRunLog:
+    """What processes other than 0 use: they write nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
 
 
 def _jsonable_tree(value):

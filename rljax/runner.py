@@ -1,12 +1,11 @@
-"""Sharded execution of an algorithm, and the host loop that logs between jitted chunks.
+"""Sharded execution of an algorithm: run configuration, validation, layouts, compiled chunks.
 
-    run = ShardedRun(PPO(config, rules), mesh, num_seeds=8)
+    run = ShardedRun(PPO(config, rules, replicas=2), mesh, num_seeds=8)
     state = run.init(jax.random.key(0))          # born sharded: jit(init, out_shardings=...)
     state, metrics = run.run_chunk(state, 20)    # 20 updates in one compiled call
     for state, metrics, done in run.chunks(state, 976): ...  # the host loop's chunking
 
-``train(algo_config, RunConfig(...))`` is the whole job: validation, mesh, run directory,
-progress, ``metrics.jsonl`` and the learning curve.
+``rljax.training.train(algo_config, RunConfig(...))`` is the whole job around it.
 """
 
 from __future__ import annotations
@@ -14,24 +13,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from pathlib import Path
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.algos import ALGORITHMS
 from rljax.errors import ConfigError
-from rljax.parallel import make_mesh, mesh_spec_of, set_num_cpu_devices
+from rljax.parallel import make_mesh, set_num_cpu_devices
 from rljax.parallel.sharding import (
     LOGICAL_RULES,
     logical_specs_to_shardings,
     prepend_axis,
     rules_with,
 )
-from rljax.run_log import RunLog, default_run_name, plot_learning_curve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,13 +51,24 @@ class RunConfig:
     quiet: bool = False
     measure_comm: bool = True
     """count the collectives of one compiled optimizer step and log bytes per update."""
+    checkpoint_every: int = 100
+    """updates between orbax checkpoints (at chunk ends; also at the end and on SIGTERM)."""
+    keep_checkpoints: int = 3
+    resume: str | None = None
+    """run directory to continue from its newest valid checkpoint, e.g. runs/<name>."""
+    on_nonfinite: Literal["stop", "rollback"] = "stop"
+    """NaN/Inf loss, gradient or parameters: stop, or roll back to the last checkpoint."""
+    max_rollbacks: int = 3
+    debug_nonfinite_at: int = 0
+    """testing aid: make the parameters NaN after this update (0: off)."""
 
 
 def validate_run(run: RunConfig, mesh: Mesh) -> None:
-    if run.num_seeds < 1:
-        raise ConfigError(f"num_seeds must be >= 1, got {run.num_seeds}")
-    if run.log_every < 1:
-        raise ConfigError(f"log_every must be >= 1, got {run.log_every}")
+    for name in ("num_seeds", "log_every", "checkpoint_every", "keep_checkpoints"):
+        if getattr(run, name) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {getattr(run, name)}")
+    if run.max_rollbacks < 0:
+        raise ConfigError(f"max_rollbacks must be >= 0, got {run.max_rollbacks}")
     if run.seed_axis == "data" and run.num_seeds % mesh.shape["data"]:
         raise ConfigError(
             f"seed_axis='data' needs num_seeds ({run.num_seeds}) divisible by the data axis size "
@@ -106,8 +113,10 @@ class ShardedRun:
         else:
             self._update, self._init = algo.update, algo.init
         self._init_jit = jax.jit(self._init_from_seed_key, out_shardings=self.state_shardings)
+        # Metrics replicated: every process can read them (multi-host) without a gather.
+        replicated = NamedSharding(mesh, PartitionSpec())
         self._chunk_jit = jax.jit(
-            self._run_updates, out_shardings=(self.state_shardings, None), donate_argnums=0
+            self._run_updates, out_shardings=(self.state_shardings, replicated), donate_argnums=0
         )
         self.compile_seconds: dict[str, float] = {}
 
@@ -151,10 +160,10 @@ class ShardedRun:
             t2 = time.perf_counter()
         self.compile_seconds = {"init": t1 - t0, "chunk": t2 - t1}
 
-    def chunks(self, state, num_updates: int):
-        """Run ``num_updates`` updates chunk by chunk; yields ``(state, metrics, updates_done)``
-        after each chunk with metrics trimmed to that chunk's updates (still on device)."""
-        done = 0
+    def chunks(self, state, num_updates: int, start: int = 0):
+        """Run updates ``start..num_updates`` chunk by chunk; yields ``(state, metrics,
+        updates_done)`` after each chunk, metrics trimmed to that chunk's updates (on device)."""
+        done = start
         while done < num_updates:
             count = min(self.chunk_size, num_updates - done)
             state, metrics = self.run_chunk(state, count)
@@ -202,23 +211,6 @@ def comm_bytes_per_update(comm: dict, optimizer_steps, syncs) -> dict[str, float
     }
 
 
-@dataclasses.dataclass
-class TrainResult:
-    state: Any
-    metrics: list[dict[str, Any]]
-    run_dir: Path
-    compile_seconds: dict[str, float]
-    steps_per_second: float
-
-
-def _describe(comm: dict) -> str:
-    parts = []
-    for axis, v in comm.items():
-        extra = f" (+{v['on_sync']:,.0f} when syncing)" if v["on_sync"] else ""
-        parts.append(f"{axis} {v['always']:,.0f}{extra}")
-    return ", ".join(parts)
-
-
 def algorithm_name(algo_config) -> str:
     for name, algorithm in ALGORITHMS.items():
         if isinstance(algo_config, algorithm.config_type):
@@ -240,75 +232,3 @@ def prepare(algo_config, run: RunConfig) -> tuple[Mesh, Any]:
     replicas = 1 if run.seed_axis == "data" else mesh.shape["data"]
     algorithm.validate(algo_config, replicas, mesh.shape["model"])
     return mesh, algorithm.build(algo_config, rules_for(run), replicas)
-
-
-def _rows(metrics, first_update: int, batch_size: int, num_seeds: int, comm=None):
-    metrics = jax.device_get(metrics)
-    rows = []
-    for i in range(len(metrics["episode_return"])):
-        update = first_update + i + 1
-        row = {"update": update, "env_steps": update * batch_size}
-        for name, values in metrics.items():
-            value = np.asarray(values[i])
-            row[name] = value.mean() if num_seeds > 1 else value
-        if comm is not None:
-            row.update(comm_bytes_per_update(comm, row["optimizer_steps"], row["syncs"]))
-        if num_seeds > 1:
-            row["episode_return_per_seed"] = np.asarray(metrics["episode_return"][i])
-        rows.append(row)
-    return rows
-
-
-def train(algo_config, run: RunConfig | None = None, progress=print) -> TrainResult:
-    """Validate, build, compile and run to ``total_timesteps``, logging between chunks."""
-    run = run or RunConfig()
-    mesh, algo = prepare(algo_config, run)
-    name = algorithm_name(algo_config)
-    run_dir = Path(run.runs_dir) / (run.run_name or default_run_name(name, algo_config.env))
-    say = (lambda *a, **k: None) if run.quiet else progress
-    log = RunLog(run_dir)
-    log.write_config(
-        algorithm=name,
-        algo=algo_config,
-        run=run,
-        mesh={"spec": mesh_spec_of(mesh), "devices": mesh.devices.size},
-        backend=jax.default_backend(),
-        jax_version=jax.__version__,
-    )
-    sharded = ShardedRun(algo, mesh, run.num_seeds, min(run.log_every, algo_config.num_updates))
-    key = jax.random.key(run.seed)
-    say(
-        f"rljax {name} on {algo_config.env}: mesh {mesh_spec_of(mesh)} "
-        f"({jax.default_backend()}), {run.num_seeds} seed(s), {algo_config.num_updates} updates "
-        f"x {algo_config.env_steps_per_update} steps"
-    )
-    sharded.compile(key)
-    say(f"compiled in {sum(sharded.compile_seconds.values()):.1f} s")
-    comm = None
-    if run.measure_comm:
-        comm = communication(algo, mesh)
-        log.write_extra("communication", comm)
-        say("communication per optimizer step per device (bytes): " + _describe(comm))
-    initial_state = sharded.init(key)
-    num_updates, all_rows = algo_config.num_updates, []
-    batch, seeds = algo_config.env_steps_per_update, run.num_seeds
-    t_start = time.perf_counter()
-    try:
-        # The last yielded state is the result (used after the loop).
-        for state, metrics, done in sharded.chunks(initial_state, num_updates):  # noqa: B007
-            rows = _rows(metrics, len(all_rows), batch, seeds, comm)  # waits for the chunk
-            log.append(rows)
-            all_rows.extend(rows)
-            elapsed = time.perf_counter() - t_start
-            sps = done * batch * seeds / elapsed
-            recent = np.mean([r["episode_return"] for r in rows])
-            say(
-                f"  update {done:>6}/{num_updates}  env steps {done * batch:>10,}  "
-                f"{sps:>10,.0f} steps/s  return {recent:8.1f}"
-            )
-    finally:
-        log.close()
-    steps_per_second = num_updates * batch * seeds / (time.perf_counter() - t_start)
-    plot_learning_curve(log.metrics_path, log.plot_path, f"{name} {algo_config.env}")
-    say(f"wrote {log.config_path}\n      {log.metrics_path}\n      {log.plot_path}")
-    return TrainResult(state, all_rows, run_dir, sharded.compile_seconds, steps_per_second)

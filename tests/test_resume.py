@@ -1,0 +1,224 @@
+"""Checkpoints: exact resume after SIGKILL, SIGTERM, elastic restore, NaN guard, damage, mismatch.
+
+Process behaviour is tested with real subprocesses of the CLI; the rest in-process.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from rljax import PPO, ConfigError, PPOConfig, RunConfig, train
+from rljax.checkpoint import Checkpointer, CheckpointWarning
+from rljax.errors import TrainingError
+from rljax.parallel import make_mesh
+from rljax.parallel.sync import SyncConfig
+from rljax.resume import abstract_state
+from rljax.run_log import read_metrics
+from rljax.runner import ShardedRun
+
+SMALL = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 8, num_minibatches=2)
+
+
+def cli(*args, devices=4):
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "PYTHONUNBUFFERED": "1"}
+    return [sys.executable, "-m", "rljax.train", *args], env
+
+
+def restored(run_dir, config, mesh_spec, replicas):
+    """The newest checkpoint of ``run_dir`` restored for ``config`` on ``mesh_spec``."""
+    run = ShardedRun(PPO(config, replicas=replicas), make_mesh(mesh_spec))
+    with Checkpointer(Path(run_dir) / "checkpoints") as ckpt:
+        step, state, meta = ckpt.restore_latest(abstract_state(run))
+    return step, jax.device_get(jax.tree.map(_key_data, state)), meta
+
+
+def _key_data(x):
+    return jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+
+
+# -- processes ------------------------------------------------------------------------------------
+# 2N = 60 updates of 2048 env steps; the kill lands after checkpoint N = 30, seconds before the end.
+KILL_ARGS = [
+    "ppo",
+    "--num-envs", "16",
+    "--num-steps", "128",
+    "--total-timesteps", str(16 * 128 * 60),
+    "--log-every", "10",
+    "--checkpoint-every", "30",
+    "--mesh", "data=2,model=2",
+]  # fmt: skip
+
+
+def test_sigkill_after_checkpoint_then_resume_is_bitwise_identical(tmp_path):
+    command, env = cli(*KILL_ARGS, "--runs-dir", str(tmp_path), "--run-name", "full")
+    subprocess.run(command, env=env, check=True, capture_output=True, timeout=300)
+
+    command, env = cli(*KILL_ARGS, "--runs-dir", str(tmp_path), "--run-name", "killed")
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    manifest = tmp_path / "killed" / "checkpoints" / "30" / "rljax_manifest.json"
+    deadline = time.monotonic() + 240
+    while not manifest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL, "the run ended before it could be killed"
+    killed_rows = read_metrics(tmp_path / "killed" / "metrics.jsonl")
+    assert 30 <= len(killed_rows) < 60
+
+    command, env = cli("ppo", "--resume", str(tmp_path / "killed"))
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "resumed from update 30" in result.stdout
+
+    config = PPOConfig(num_envs=16, num_steps=128, total_timesteps=16 * 128 * 60)
+    step_a, full, _ = restored(tmp_path / "full", config, "data=2,model=2", 2)
+    step_b, resumed, meta = restored(tmp_path / "killed", config, "data=2,model=2", 2)
+    assert step_a == step_b == 60 and meta["env_steps"] == 60 * 2048
+    chex.assert_trees_all_equal(resumed, full)  # parameters, optimizer, envs, keys: bitwise
+    rows_full = read_metrics(tmp_path / "full" / "metrics.jsonl")
+    rows_resumed = read_metrics(tmp_path / "killed" / "metrics.jsonl")
+    assert [r["update"] for r in rows_resumed] == list(range(1, 61))  # none lost or doubled
+    assert rows_resumed == rows_full
+
+
+def test_sigterm_finishes_the_chunk_saves_and_exits_zero(tmp_path):
+    args = [*KILL_ARGS, "--total-timesteps", str(16 * 128 * 400), "--checkpoint-every", "1000"]
+    command, env = cli(*args, "--runs-dir", str(tmp_path), "--run-name", "term")
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(command, env=env, stdout=pipe, stderr=pipe, text=True)
+    for line in proc.stdout:  # wait until training is under way
+        if "update" in line and "steps/s" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "SIGTERM: stopped after update" in out and "--resume" in out
+    with Checkpointer(tmp_path / "term" / "checkpoints") as ckpt:
+        steps = ckpt.steps()
+    assert len(steps) == 1 and 10 <= steps[0] < 400 and steps[0] % 10 == 0
+    rows = read_metrics(tmp_path / "term" / "metrics.jsonl")
+    assert [r["update"] for r in rows] == list(range(1, steps[0] + 1))
+
+
+# -- in-process -----------------------------------------------------------------------------------
+def run_small(tmp_path, name, config=SMALL, **run):
+    options = dict(
+        mesh="data=2,model=2", log_every=2, checkpoint_every=4, quiet=True, measure_comm=False
+    )
+    return train(config, RunConfig(runs_dir=str(tmp_path), run_name=name, **(options | run)))
+
+
+def resume(config, run_dir, mesh="data=2,model=2", **run):
+    options = dict(mesh=mesh, resume=str(run_dir), quiet=True, measure_comm=False)
+    return train(config, RunConfig(**(options | run)))
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """8 updates on data=2,model=2 with checkpoints at 4 and 8."""
+    tmp_path = tmp_path_factory.mktemp("saved")
+    result = run_small(tmp_path, "base")
+    return tmp_path / "base", jax.device_get(jax.tree.map(_key_data, result.state))
+
+
+@pytest.mark.parametrize("mesh", ["data=1,model=4", "data=4,model=1", "data=1,model=1"])
+def test_elastic_restore_onto_other_meshes_continues(saved_run, mesh, tmp_path):
+    run_dir, final = saved_run
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(run_dir), str(copy)], check=True)
+    replicas = make_mesh(mesh).shape["data"]
+    step, state, _ = restored(copy, SMALL, mesh, replicas)
+    assert step == 8
+    chex.assert_trees_all_equal(state.params, final.params)  # exact on the new layout
+    chex.assert_trees_all_equal(state.env, final.env)
+    longer = dataclasses.replace(SMALL, total_timesteps=SMALL.total_timesteps * 2)
+    result = resume(longer, copy, mesh, log_every=4)
+    assert result.resumed_from == 8 and result.updates_done == 16
+    assert [r["update"] for r in read_metrics(copy / "metrics.jsonl")] == list(range(1, 17))
+
+
+def test_per_replica_state_is_averaged_when_the_data_size_changes(tmp_path):
+    config = dataclasses.replace(SMALL, sync=SyncConfig("local_sgd", period=3))
+    first = run_small(tmp_path, "local", config)  # replicas=2
+    params = jax.device_get(first.state.params)
+    longer = dataclasses.replace(config, total_timesteps=config.total_timesteps + 8 * 16 * 2)
+    result = resume(longer, tmp_path / "local", "data=4", log_every=2)
+    assert result.updates_done == 10
+    step, state, _ = restored_local(tmp_path / "local", longer)
+    assert step == 10
+    kernel = np.asarray(state.params["params"]["actor"]["dense_0"]["kernel"])
+    assert kernel.shape[0] == 4  # four replicas now
+    old = np.asarray(params["params"]["actor"]["dense_0"]["kernel"])
+    assert old.shape[0] == 2 and not np.allclose(kernel[0], old[0])  # trained on from the mean
+
+
+def restored_local(run_dir, config):
+    return restored(run_dir, config, "data=4,model=1", 4)
+
+
+def test_nonfinite_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tmp_path):
+    with pytest.raises(TrainingError) as info:
+        run_small(tmp_path, "nan", debug_nonfinite_at=5)
+    message = str(info.value)
+    assert "non-finite parameters (NaN/Inf) at update 6" in message
+    assert "last good checkpoint (update 4)" in message and "--resume" in message
+    with Checkpointer(tmp_path / "nan" / "checkpoints") as ckpt:
+        assert ckpt.steps() == [4] and ckpt.latest_valid_step() == 4
+
+
+def test_nonfinite_loss_is_named_with_its_update(tmp_path):
+    pattern = r"non-finite (loss|grad_norm|parameters) \(NaN/Inf\) at update \d+"
+    with pytest.raises(TrainingError, match=pattern):
+        run_small(tmp_path, "lr", dataclasses.replace(SMALL, lr=1e38, max_grad_norm=1e38))
+
+
+def test_rollback_policy_restores_and_continues_with_fresh_keys(tmp_path):
+    result = run_small(tmp_path, "rb", debug_nonfinite_at=5, on_nonfinite="rollback")
+    assert result.rollbacks == 1 and result.updates_done == 8
+    rows = read_metrics(tmp_path / "rb" / "metrics.jsonl")
+    assert [r["update"] for r in rows] == list(range(1, 9))
+    assert all(np.isfinite(r["loss"]) for r in rows)
+
+
+def test_damaged_newest_checkpoint_falls_back_with_a_warning(saved_run, tmp_path):
+    run_dir, _ = saved_run
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(run_dir), str(copy)], check=True)
+    step_dir = copy / "checkpoints" / "8"
+    data_files = [p for p in step_dir.rglob("*") if p.is_file() and p.stat().st_size > 64]
+    victim = max(data_files, key=lambda p: p.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    with pytest.warns(CheckpointWarning, match="step 8"):
+        result = resume(SMALL, copy)
+    assert result.resumed_from == 4 and result.updates_done == 8
+    for manifest in (copy / "checkpoints").rglob("rljax_manifest.json"):
+        manifest.unlink()
+    with pytest.warns(CheckpointWarning), pytest.raises(TrainingError, match="no valid checkpoint"):
+        resume(SMALL, copy)
+
+
+def test_incompatible_resume_lists_the_differing_fields(saved_run, capsys):
+    run_dir, _ = saved_run
+    other = dataclasses.replace(SMALL, env="Acrobot-v1", actor_widths=(32, 32))
+    with pytest.raises(ConfigError) as info:
+        train(other, RunConfig(mesh="data=2,model=2", resume=str(run_dir), quiet=True))
+    message = str(info.value)
+    assert 'algo.env: "CartPole-v1" -> "Acrobot-v1"' in message
+    assert "algo.actor_widths: [64, 64] -> [32, 32]" in message
+    from rljax.train import main
+
+    assert main(["dqn", "--resume", str(run_dir)]) == 2
+    assert "it is a ppo run" in capsys.readouterr().err
+    assert main(["ppo", "--resume", str(run_dir), "--num-envs", "16"]) == 2
+    assert "algo.num_envs: 8 -> 16" in capsys.readouterr().err
+    rows = json.loads((run_dir / "config.json").read_text())
+    assert rows["algo"]["env"] == "CartPole-v1"  # nothing written by the refused attempts
