@@ -26,7 +26,7 @@ def small_run(mesh4):
     from rljax.runner import ShardedRun
 
     config = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 4, num_minibatches=2)
-    run = ShardedRun(PPO(config), mesh4, num_seeds=1, chunk_size=2)
+    run = ShardedRun(PPO(config, replicas=2), mesh4, num_seeds=1, chunk_size=2)
     state = run.init(jax.random.key(0))
     state, metrics = run.run_chunk(state, 2)
     return run, state, metrics

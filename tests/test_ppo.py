@@ -16,7 +16,9 @@ TINY = PPOConfig(num_envs=4, num_steps=32, total_timesteps=4 * 32 * 6, num_minib
 def cartpole_run(mesh4):
     """The reference CartPole config (5e5 steps), compiled once on the 4-device mesh."""
     config = PPOConfig()
-    run = ShardedRun(PPO(config), mesh4, num_seeds=1, chunk_size=config.num_updates // 8)
+    run = ShardedRun(
+        PPO(config, replicas=2), mesh4, num_seeds=1, chunk_size=config.num_updates // 8
+    )
     return run
 
 
