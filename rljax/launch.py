@@ -201,6 +201,7 @@ def launch(
                 child.signal(signal.SIGKILL)
         interrupted.append(signum)
         for child in children:
+            child.terminated_by_launcher = True
             child.signal(signum)
 
     previous_handlers = {}

@@ -33,14 +33,23 @@ def default_run_name(algo: str, env: str) -> str:
 class RunLog:
     """Writes one run directory; every write is flushed so a killed run keeps its rows."""
 
-    def __init__(self, run_dir: str | Path, append: bool = False):
-        """A fresh run replaces an earlier run's files of the same name; ``append`` continues."""
+    def __init__(self, run_dir: str | Path, append: bool = False, tensorboard: bool = False):
+        """A fresh run replaces an earlier run's files of the same name; ``append`` continues.
+
+        ``tensorboard``: every numeric metric also goes to TensorBoard event files under
+        ``<run_dir>/tensorboard`` (tensorboardX), with the env step as the x axis."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.dir / "config.json"
         self.metrics_path = self.dir / "metrics.jsonl"
         self.plot_path = self.dir / "learning_curve.png"
+        self.tensorboard_dir = self.dir / "tensorboard"
         self._metrics_file = open(self.metrics_path, "a" if append else "w")
+        self._tensorboard = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tensorboard = SummaryWriter(str(self.tensorboard_dir), flush_secs=10)
 
     def write_config(self, **sections: Any) -> None:
         data = {
@@ -58,7 +67,14 @@ class RunLog:
     def append(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:
             self._metrics_file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+            if self._tensorboard is not None:
+                step = int(row["env_steps"])
+                for name, value in row.items():
+                    if name not in ("update", "env_steps") and np.ndim(value) == 0:
+                        self._tensorboard.add_scalar(name, float(value), step)
         self._metrics_file.flush()
+        if self._tensorboard is not None:
+            self._tensorboard.flush()
 
     def truncate(self, last_update: int) -> None:
         """Drop rows after ``last_update`` (resume / rollback: they are recomputed)."""
@@ -70,6 +86,8 @@ class RunLog:
 
     def close(self) -> None:
         self._metrics_file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
 
 
 class NullRunLog:
@@ -101,11 +119,15 @@ def plot_learning_curve(metrics_path: str | Path, out_path: str | Path, title: s
     fig, ax = plt.subplots(figsize=(6, 4))
     if rows:
         steps = np.array([r["env_steps"] for r in rows])
-        ax.plot(steps, [r["episode_return"] for r in rows], label="mean over seeds")
+        ax.plot(steps, [r["episode_return"] for r in rows], label="training (mean over seeds)")
         if "episode_return_per_seed" in rows[0]:
             per_seed = np.array([r["episode_return_per_seed"] for r in rows], dtype=float)
             ax.fill_between(steps, per_seed.min(1), per_seed.max(1), alpha=0.25, label="min-max")
-            ax.legend()
+        evals = [r for r in rows if r.get("eval_return") is not None]
+        if evals:
+            eval_steps = [r["env_steps"] for r in evals]
+            ax.plot(eval_steps, [r["eval_return"] for r in evals], "o-", ms=3, label="evaluation")
+        ax.legend()
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episode return")
     ax.set_title(title)

@@ -61,6 +61,12 @@ class RunConfig:
     max_rollbacks: int = 3
     debug_nonfinite_at: int = 0
     """testing aid: make the parameters NaN after this update (0: off)."""
+    eval_every: int = 100
+    """updates between greedy evaluations on separate environments (0: off)."""
+    eval_episodes: int = 8
+    """evaluation environments (one episode each), sharded like the training batch."""
+    tensorboard: bool = False
+    """also write metrics as TensorBoard events to <run dir>/tensorboard (needs tensorboardX)."""
 
 
 def validate_run(run: RunConfig, mesh: Mesh) -> None:
@@ -69,6 +75,22 @@ def validate_run(run: RunConfig, mesh: Mesh) -> None:
             raise ConfigError(f"{name} must be >= 1, got {getattr(run, name)}")
     if run.max_rollbacks < 0:
         raise ConfigError(f"max_rollbacks must be >= 0, got {run.max_rollbacks}")
+    if run.eval_every < 0:
+        raise ConfigError(f"eval_every must be >= 0 (0: no evaluation), got {run.eval_every}")
+    data = 1 if run.seed_axis == "data" else mesh.shape["data"]
+    if run.eval_every and (run.eval_episodes < 1 or run.eval_episodes % data):
+        raise ConfigError(
+            f"eval_episodes={run.eval_episodes} must be a positive multiple of the data axis "
+            f"size {data} (evaluation environments are sharded like the training batch)"
+        )
+    if run.tensorboard:
+        try:
+            import tensorboardX  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "--tensorboard needs tensorboardX: pip install 'rljax[tensorboard]' "
+                "(or pip install tensorboardX)"
+            ) from None
     if run.seed_axis == "data" and run.num_seeds % mesh.shape["data"]:
         raise ConfigError(
             f"seed_axis='data' needs num_seeds ({run.num_seeds}) divisible by the data axis size "
@@ -119,6 +141,22 @@ class ShardedRun:
             self._run_updates, out_shardings=(self.state_shardings, replicated), donate_argnums=0
         )
         self.compile_seconds: dict[str, float] = {}
+        self._init_members_jit = None
+
+    def init_members(self, keys: jax.Array, hparams: dict[str, jax.Array]):
+        """``num_seeds`` members from their own keys ``[S]`` and hyperparameters ``{name: [S]}``
+        (sweeps): member ``i`` equals ``algo.init(keys[i])`` with ``hparams[...][i]``."""
+        if self.num_seeds == 1:
+            raise ValueError("init_members needs num_seeds > 1 (one member per seed axis entry)")
+        if self._init_members_jit is None:
+
+            def init(keys, hparams):
+                state = self._init(keys)
+                return state.replace(hparams={**state.hparams, **hparams})
+
+            self._init_members_jit = jax.jit(init, out_shardings=self.state_shardings)
+        with jax.set_mesh(self.mesh):
+            return self._init_members_jit(keys, hparams)
 
     def _init_from_seed_key(self, key):
         if self.num_seeds > 1:

@@ -35,6 +35,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.errors import ConfigError, TrainingError
+from rljax.evaluation import Evaluator
 from rljax.parallel import mesh_spec_of
 from rljax.parallel.sharding import prepend_axis
 from rljax.resume import (
@@ -158,7 +159,11 @@ class _Session:
         checkpoints = self.run_dir / "checkpoints"
         if not run.resume and self.primary and checkpoints.exists():
             shutil.rmtree(checkpoints)  # a fresh run replaces an earlier run of the same name
-        self.log = RunLog(self.run_dir, append=bool(run.resume)) if self.primary else NullRunLog()
+        self.log = (
+            RunLog(self.run_dir, append=bool(run.resume), tensorboard=run.tensorboard)
+            if self.primary
+            else NullRunLog()
+        )
         self.log.write_config(
             algorithm=self.name,
             algo=algo_config,
@@ -173,6 +178,21 @@ class _Session:
         self.ckpt = Checkpointer(checkpoints, keep=run.keep_checkpoints)
         chunk = min(run.log_every, algo_config.num_updates)
         self.sharded = ShardedRun(self.algo, self.mesh, run.num_seeds, chunk)
+        self.evaluate = None
+        if run.eval_every:
+            evaluator = Evaluator(self.algo, run.eval_episodes)
+            fn = jax.vmap(evaluator) if run.num_seeds > 1 else evaluator
+            self.evaluate = jax.jit(fn)
+            self.eval_key = jax.random.fold_in(jax.random.key(run.seed), 0xE7A1)
+
+    def evaluation(self, state, update: int) -> dict[str, float]:
+        """Greedy evaluation after ``update``; the key depends only on the seed and the update."""
+        key = jax.random.fold_in(self.eval_key, update)
+        if self.run.num_seeds > 1:
+            key = jax.random.split(key, self.run.num_seeds)
+        with jax.set_mesh(self.mesh):
+            result = self.evaluate(state.params, key)
+        return {k: float(np.mean(_to_host(v))) for k, v in result.items()}
 
     def _mesh_info(self) -> dict:
         return {
@@ -301,6 +321,8 @@ def _train(s: _Session) -> TrainResult:
                     all_rows = [r for r in all_rows if r["update"] <= done]
                     continue
                 raise TrainingError(_nonfinite_message(s, problem, last_saved))
+            if s.evaluate is not None and (done + count) // run.eval_every > done // run.eval_every:
+                rows[-1].update(s.evaluation(state, done + count))
             s.ckpt.poll()  # the previous checkpoint becomes durable as soon as it is written
             s.log.append(rows)
             all_rows.extend(rows)
@@ -308,9 +330,11 @@ def _train(s: _Session) -> TrainResult:
             elapsed = time.perf_counter() - t_start
             sps = (done - start) * per_update * seeds / max(elapsed, 1e-9)
             recent = np.mean([r["episode_return"] for r in rows])
+            last = rows[-1]
+            evaluated = f"  eval {last['eval_return']:8.1f}" if "eval_return" in last else ""
             say(
                 f"  update {done:>6}/{num_updates}  env steps {done * per_update:>10,}  "
-                f"{sps:>10,.0f} steps/s  return {recent:8.1f}"
+                f"{sps:>10,.0f} steps/s  return {recent:8.1f}{evaluated}"
             )
             if stop.received or done - last_saved >= run.checkpoint_every or done == num_updates:
                 s.save(state, done)

@@ -11,11 +11,12 @@ class Algorithm(NamedTuple):
     config_type: type
     build: Any  # (config, rules, replicas) -> algorithm with init / update / logical_specs
     validate: Any  # (config, data_size, model_size) -> None, raises ConfigError
+    sweepable: tuple[str, ...]  # float config fields held in the state's traced hparams
 
 
 ALGORITHMS = {
-    "ppo": Algorithm(PPOConfig, PPO, ppo.validate),
-    "dqn": Algorithm(DQNConfig, DQN, dqn.validate),
+    "ppo": Algorithm(PPOConfig, PPO, ppo.validate, ppo.SWEEPABLE),
+    "dqn": Algorithm(DQNConfig, DQN, dqn.validate, dqn.SWEEPABLE),
 }
 
 __all__ = [

@@ -39,6 +39,9 @@ from rljax.networks.mlp import check_tensor_parallel, init_dummy_obs
 from rljax.parallel.sharding import LOGICAL_RULES, LogicalRules, batch_spec_like, constrain
 from rljax.parallel.sync import GradientSync, SyncConfig, validate_sync
 
+# Float fields read from ``DQNState.hparams`` (traced), so a sweep can vmap over them.
+SWEEPABLE = ("lr", "gamma", "tau")
+
 
 @dataclasses.dataclass(frozen=True)
 class DQNConfig:
@@ -195,6 +198,7 @@ class DQNState:
     key: jax.Array
     update_step: jax.Array  # int32: update() calls done
     env_steps: jax.Array  # int32: environment steps done (all envs)
+    hparams: dict[str, jax.Array]  # float32 scalars of SWEEPABLE fields (vmapped by sweeps)
 
 
 def nstep_return(rewards, terminated, truncated, gamma: float):
@@ -252,9 +256,12 @@ class DQN:
             rules=tuple(self.rules.items()),
         )
         total_grad_steps = max(1, (c.total_timesteps - c.learning_starts) // c.train_frequency)
-        lr = optax.linear_schedule(c.lr, 0.0, total_grad_steps) if c.lr_decay else c.lr
+        # Adam with a unit rate; the (traced, sweepable) learning rate scales the update.
+        decay = optax.linear_schedule(-1.0, 0.0, total_grad_steps) if c.lr_decay else None
         chain = [optax.clip_by_global_norm(c.max_grad_norm)] if c.max_grad_norm > 0 else []
-        self.optimizer = optax.chain(*chain, optax.adam(lr))
+        chain.append(optax.scale_by_adam())
+        chain.append(optax.scale_by_schedule(decay) if decay else optax.scale(-1.0))
+        self.optimizer = optax.chain(*chain)
         boxed_params = jax.eval_shape(self._init_params, jax.random.key(0))
         self.sync = GradientSync(c.sync, self.optimizer, replicas, boxed_params, self.rules)
 
@@ -284,8 +291,9 @@ class DQN:
             self._buffer_item(env.obs), c.buffer_size, c.prioritized, rules=self.rules
         )
         zero = jnp.zeros((), jnp.int32)
+        hparams = {name: jnp.float32(getattr(c, name)) for name in SWEEPABLE}
         return DQNState(
-            params, params, self.optimizer.init(params), {}, env, buffer, key, zero, zero
+            params, params, self.optimizer.init(params), {}, env, buffer, key, zero, zero, hparams
         )
 
     def init(self, key: jax.Array) -> DQNState:
@@ -328,12 +336,17 @@ class DQN:
         explore = jax.random.uniform(explore_key, (b,)) < epsilon
         return jnp.where(explore, random_action, greedy)
 
+    def eval_action(self, params, obs, key, greedy: bool = True) -> jax.Array:
+        """One replica's parameters: argmax Q (no exploration; ``greedy`` has no other mode)."""
+        del key, greedy
+        return jnp.argmax(self.network.apply(params, obs), axis=-1).astype(jnp.int32)
+
     # -- learning ---------------------------------------------------------------------------------
-    def targets(self, params, target_params, window) -> jax.Array:
+    def targets(self, params, target_params, window, gamma) -> jax.Array:
         """TD targets ``[N@data]`` of sampled windows (leaves ``[N@data, n, ...]``)."""
         c = self.config
         partial, bootstrap, end = nstep_return(
-            window["reward"], window["terminated"], window["truncated"], c.gamma
+            window["reward"], window["terminated"], window["truncated"], gamma
         )
         last_obs = jnp.take_along_axis(window["final_obs"], end[:, None, None], axis=1)[:, 0]
         next_q = self.q_values(target_params, last_obs)
@@ -368,7 +381,9 @@ class DQN:
         batch = {
             "obs": window["obs"][:, 0],
             "action": window["action"][:, 0],
-            "target": self.targets(state.params, state.target_params, window),
+            "target": self.targets(
+                state.params, state.target_params, window, state.hparams["gamma"]
+            ),
             "weight": drawn.weight,
         }
         # [N@data] -> [R@data, N/R]: replica r learns from the rows its shard sampled.
@@ -380,7 +395,7 @@ class DQN:
         )
         (loss, aux), grads = self.sync.grads(self.loss, state.params, batch)
         params, opt_state, sync, sync_metrics = self.sync.step(
-            state.params, state.opt_state, state.sync, grads
+            state.params, state.opt_state, state.sync, grads, scale=state.hparams["lr"]
         )
         buffer = state.buffer
         if c.prioritized:
@@ -430,7 +445,7 @@ class DQN:
 
         interval = c.target_update_interval
         update_target = env_steps // interval > previous // interval
-        tau = c.tau
+        tau = state.hparams["tau"]
         target = jax.tree.map(
             lambda t, p: jnp.where(update_target, tau * p + (1.0 - tau) * t, t),
             state.target_params,

@@ -16,6 +16,8 @@ also provides the value of the next observation for steps that did not end an ep
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
 from typing import Any, Literal
 
 import flax.linen as nn
@@ -30,6 +32,9 @@ from rljax.networks import ActorCritic, distributions
 from rljax.networks.mlp import check_tensor_parallel, check_torso, init_dummy_obs
 from rljax.parallel.sharding import LOGICAL_RULES, LogicalRules, batch_spec_like, constrain
 from rljax.parallel.sync import GradientSync, SyncConfig, validate_sync
+
+# Float fields read from ``PPOState.hparams`` (traced), so a sweep can vmap over them.
+SWEEPABLE = ("lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +155,7 @@ class PPOState:
     env: EnvBatch
     key: jax.Array
     update_step: jax.Array  # int32 scalar: updates done
+    hparams: dict[str, jax.Array]  # float32 scalars of SWEEPABLE fields (vmapped by sweeps)
 
 
 class Rollout(struct.PyTreeNode):
@@ -214,14 +220,18 @@ class PPO:
         )
         c = config
         steps_per_update = c.update_epochs * c.num_minibatches
-        if c.anneal_lr:
-            # Constant within an update, as in PureJaxRL: lr * (1 - updates_done / num_updates).
-            def lr(count):
-                return c.lr * (1.0 - (count // steps_per_update) / c.num_updates)
-        else:
-            lr = c.lr
+
+        # Adam with a unit rate: the learning rate multiplies the update in GradientSync.step, so
+        # that it can be a traced hyperparameter (sweeps vmap over it).
+        def schedule(count):
+            if not c.anneal_lr:  # constant within an update, as in PureJaxRL
+                return -1.0
+            return -(1.0 - (count // steps_per_update) / c.num_updates)
+
         self.optimizer = optax.chain(
-            optax.clip_by_global_norm(c.max_grad_norm), optax.adam(lr, eps=1e-5)
+            optax.clip_by_global_norm(c.max_grad_norm),
+            optax.scale_by_adam(eps=1e-5),
+            optax.scale_by_schedule(schedule),
         )
         boxed_params = jax.eval_shape(self._init_params, jax.random.key(0))
         self.sync = GradientSync(c.sync, self.optimizer, replicas, boxed_params, self.rules)
@@ -236,7 +246,8 @@ class PPO:
         params = self._init_params(net_key)
         opt_state = self.optimizer.init(params)
         env = self.env.reset(env_key)
-        return PPOState(params, opt_state, {}, env, key, jnp.zeros((), jnp.int32))
+        hparams = {name: jnp.float32(getattr(self.config, name)) for name in SWEEPABLE}
+        return PPOState(params, opt_state, {}, env, key, jnp.zeros((), jnp.int32), hparams)
 
     def init(self, key: jax.Array) -> PPOState:
         """``key`` -> a fresh ``PPOState`` (plain arrays, in the sync strategy's layout)."""
@@ -262,6 +273,13 @@ class PPO:
         apply = lambda p, o: self.network.apply(p, o, method=ActorCritic.value)  # noqa: E731
         return self.sync.map_replicas(apply, params, obs)
 
+    def eval_action(self, params, obs, key, greedy: bool = True) -> jax.Array:
+        """One replica's parameters: argmax of the logits, or a sample."""
+        logits, _ = self.network.apply(params, obs)
+        if greedy:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return distributions.sample(key, logits)
+
     def rollout(self, params, env: EnvBatch, key: jax.Array) -> tuple[EnvBatch, Rollout]:
         """``num_steps`` batched steps -> the new ``EnvBatch`` and a ``Rollout`` ``[T, B@data]``."""
 
@@ -278,12 +296,13 @@ class PPO:
         return jax.lax.scan(step, env, keys)
 
     # -- learning ---------------------------------------------------------------------------------
-    def loss(self, params, batch: dict[str, jax.Array]):
+    def loss(self, params, batch: dict[str, jax.Array], hparams: dict[str, jax.Array]):
         """Clipped PPO loss of one replica's minibatch ``[n, ...]`` -> ``(loss, aux metrics)``.
 
-        ``batch["advantage"]`` is already normalised over the whole (all-replica) minibatch.
+        ``batch["advantage"]`` is already normalised over the whole (all-replica) minibatch;
+        ``hparams`` holds clip_eps, vf_coef and ent_coef (``PPOState.hparams``).
         """
-        c = self.config
+        c = types.SimpleNamespace(**hparams, clip_value_loss=self.config.clip_value_loss)
         logits, value = self.network.apply(params, batch["obs"])
         log_prob = distributions.log_prob(logits, batch["action"])
         log_ratio = log_prob - batch["log_prob"]
@@ -308,17 +327,20 @@ class PPO:
         }
         return loss, aux
 
-    def _sgd_step(self, carry, minibatch):
+    def _sgd_step(self, carry, minibatch, hparams):
         """One optimizer step on ``minibatch`` leaves ``[R@data, n, ...]``."""
         params, opt_state, sync = carry
         adv = minibatch["advantage"]  # statistics over all replicas' samples: two scalars move
         minibatch = {**minibatch, "advantage": (adv - adv.mean()) / (adv.std() + 1e-8)}
-        (loss, aux), grads = self.sync.grads(self.loss, params, minibatch)
-        params, opt_state, sync, sync_metrics = self.sync.step(params, opt_state, sync, grads)
+        loss_fn = functools.partial(self.loss, hparams=hparams)
+        (loss, aux), grads = self.sync.grads(loss_fn, params, minibatch)
+        params, opt_state, sync, sync_metrics = self.sync.step(
+            params, opt_state, sync, grads, scale=hparams["lr"]
+        )
         metrics = {**jax.tree.map(jnp.mean, aux), "loss": loss.mean(), **sync_metrics}
         return (params, opt_state, sync), metrics
 
-    def _epoch(self, carry, key, batch):
+    def _epoch(self, carry, key, batch, hparams):
         """``batch`` leaves ``[R@data, N/R, ...]``: each replica shuffles its own samples."""
         c, replicas = self.config, self.replicas
         per_replica = c.batch_size // replicas
@@ -333,7 +355,8 @@ class PPO:
             x = x.reshape(replicas, c.num_minibatches, -1, *x.shape[2:]).swapaxes(0, 1)
             return constrain(x, None, "replica", rules=self.rules)
 
-        return jax.lax.scan(self._sgd_step, carry, jax.tree.map(to_minibatches, batch))
+        step = functools.partial(self._sgd_step, hparams=hparams)
+        return jax.lax.scan(step, carry, jax.tree.map(to_minibatches, batch))
 
     def update(self, state: PPOState) -> tuple[PPOState, dict[str, jax.Array]]:
         """One PPO iteration: rollout, GAE, ``update_epochs`` x shuffled minibatches."""
@@ -348,8 +371,8 @@ class PPO:
             next_values,
             tr.terminated,
             tr.truncated,
-            c.gamma,
-            c.gae_lambda,
+            state.hparams["gamma"],
+            state.hparams["gae_lambda"],
         )
         samples = {
             "obs": tr.obs,
@@ -370,7 +393,7 @@ class PPO:
             samples,
         )
         (params, opt_state, sync), sgd_metrics = jax.lax.scan(
-            lambda carry, k: self._epoch(carry, k, batch),
+            lambda carry, k: self._epoch(carry, k, batch, state.hparams),
             (state.params, state.opt_state, state.sync),
             jax.random.split(epoch_key, c.update_epochs),
         )
@@ -388,7 +411,14 @@ class PPO:
             truncations=tr.truncated.sum(),
             terminations=tr.terminated.sum(),
         )
-        new_state = PPOState(params, opt_state, sync, env, key, state.update_step + 1)
+        new_state = state.replace(
+            params=params,
+            opt_state=opt_state,
+            sync=sync,
+            env=env,
+            key=key,
+            update_step=state.update_step + 1,
+        )
         return new_state, metrics
 
     def optimizer_step(self, state: PPOState) -> PPOState:
@@ -407,7 +437,7 @@ class PPO:
             for k, shape in shapes.items()
         }
         (params, opt_state, sync), _ = self._sgd_step(
-            (state.params, state.opt_state, state.sync), minibatch
+            (state.params, state.opt_state, state.sync), minibatch, state.hparams
         )
         return state.replace(params=params, opt_state=opt_state, sync=sync)
 

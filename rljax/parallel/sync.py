@@ -287,13 +287,17 @@ class GradientSync:
         return run(grads, residual)
 
     # -- the optimizer step -------------------------------------------------------------------
-    def _apply(self, grads, opt_state, params):
+    def _apply(self, grads, opt_state, params, scale):
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        if scale is not None:
+            updates = jax.tree.map(lambda u: (scale * u).astype(u.dtype), updates)
         return optax.apply_updates(params, updates), opt_state
 
-    def step(self, params, opt_state, state: dict[str, Any], grads):
+    def step(self, params, opt_state, state: dict[str, Any], grads, scale=None):
         """One optimizer step from per-replica ``grads: [R@data, ...]``.
 
+        ``scale`` multiplies the optimizer's updates: the learning rate, when the optimizer is
+        built with a unit rate so that the rate can be a traced value (hyperparameter sweeps).
         Returns ``(params, opt_state, state, metrics)``; metrics: ``grad_norm`` (of the applied
         gradient; replica mean for local steps) and ``synced`` (1 when replicas synchronised).
         """
@@ -308,10 +312,10 @@ class GradientSync:
                 grad, ready, state = self._delay(grad, state)
                 # Until the queue is full there is nothing to apply: the optimizer waits too.
                 params, opt_state = jax.lax.cond(
-                    ready, self._apply, lambda g, o, p: (p, o), grad, opt_state, params
+                    ready, self._apply, lambda g, o, p, s: (p, o), grad, opt_state, params, scale
                 )
             else:
-                params, opt_state = self._apply(grad, opt_state, params)
+                params, opt_state = self._apply(grad, opt_state, params, scale)
             synced = jnp.ones((), jnp.int32)
         elif c.strategy == "compressed":
             grad, residual = self._compressed_mean(grads, state.get("residual"))
@@ -319,11 +323,11 @@ class GradientSync:
                 state["residual"] = residual
                 metrics["residual_norm"] = _tree_norm(residual) / jnp.sqrt(self.replicas)
             metrics["grad_norm"] = _tree_norm(grad)
-            params, opt_state = self._apply(grad, opt_state, params)
+            params, opt_state = self._apply(grad, opt_state, params, scale)
             synced = jnp.ones((), jnp.int32)
         else:
             params, opt_state, state, synced, metrics = self._local_step(
-                params, opt_state, state, grads
+                params, opt_state, state, grads, scale
             )
         state["syncs"] = state["syncs"] + synced
         metrics["synced"] = synced
@@ -347,10 +351,10 @@ class GradientSync:
         drift = jax.vmap(lambda p: _tree_norm(jax.tree.map(jnp.subtract, p, anchor)))(params)
         return jnp.max(drift) / jnp.maximum(_tree_norm(anchor), 1e-12)
 
-    def _local_step(self, params, opt_state, state, grads):
+    def _local_step(self, params, opt_state, state, grads, scale):
         c = self.config
-        local_apply = self.vmap(self._apply, in_axes=(0, 0, 0))
-        shared_apply = self.vmap(self._apply, in_axes=(None, 0, 0))
+        local_apply = self.vmap(lambda g, o, p: self._apply(g, o, p, scale), in_axes=(0, 0, 0))
+        shared_apply = self.vmap(lambda g, o, p: self._apply(g, o, p, scale), in_axes=(None, 0, 0))
         metrics = {}
         if c.strategy == "local_sgd":
             is_sync = state["steps"] % c.period == 0

@@ -1,0 +1,58 @@
+"""Evaluation of the current policy on separate environments, reported apart from training.
+
+``evaluate(algo, params, key, num_envs)`` steps ``num_envs`` fresh environments (their own
+``BatchedEnv``, never the training batch) with the algorithm's greedy action (PPO: argmax of the
+logits, or a sample with ``greedy=False``; DQN: argmax Q, no exploration) for as many steps as the
+environment's time limit, so every environment finishes its first episode, and returns that
+episode's mean return and length. With per-replica parameters (local/adaptive sync) replica 0 is
+evaluated. The key decides everything: the same key gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rljax.envs import BatchedEnv
+from rljax.errors import ConfigError
+
+DEFAULT_EVAL_STEPS = 1000  # for environments without a time limit in their params
+
+
+class Evaluator:
+    """A jittable ``evaluate(params, key) -> {"eval_return", "eval_length"}`` for ``algo``."""
+
+    def __init__(self, algo, num_envs: int, greedy: bool = True):
+        if num_envs < 1:
+            raise ConfigError(f"eval_episodes must be >= 1, got {num_envs}")
+        self.algo = algo
+        self.greedy = greedy
+        self.env = BatchedEnv(algo.config.env, num_envs, algo.rules)
+        self.num_steps = int(getattr(self.env.params, "max_steps_in_episode", DEFAULT_EVAL_STEPS))
+
+    def __call__(self, params, key: jax.Array) -> dict[str, jax.Array]:
+        params = self.algo.sync.acting_params(params)
+        reset_key, steps_key = jax.random.split(key)
+        batch = self.env.reset(reset_key)
+        num_envs = self.env.num_envs
+
+        def step(carry, step_key):
+            batch, total, length, finished = carry
+            act_key, env_key = jax.random.split(step_key)
+            action = self.algo.eval_action(params, batch.obs, act_key, self.greedy)
+            batch, tr = self.env.step(env_key, batch, action)
+            live = jnp.logical_not(finished)
+            total = total + jnp.where(live, tr.reward, 0.0)
+            length = length + live.astype(jnp.int32)
+            finished = finished | tr.terminated | tr.truncated
+            return (batch, total, length, finished), None
+
+        zeros = jnp.zeros(num_envs, jnp.float32)
+        carry = (batch, zeros, jnp.zeros(num_envs, jnp.int32), jnp.zeros(num_envs, bool))
+        keys = jax.random.split(steps_key, self.num_steps)
+        (_, total, length, finished), _ = jax.lax.scan(step, carry, keys)
+        return {
+            "eval_return": total.mean(),
+            "eval_length": length.astype(jnp.float32).mean(),
+            "eval_finished": finished.mean(),
+        }

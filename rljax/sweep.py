@@ -1,0 +1,203 @@
+"""Hyperparameter sweeps inside one jit: settings x seeds as vmapped members.
+
+    grid = {"lr": [1e-4, 2.5e-4, 1e-3], "ent_coef": [0.0, 0.01]}
+    result = sweep(PPOConfig(), grid, seeds=[0, 1, 2])
+    print(result.table)                  # final return mean/std per setting
+
+The grid's product of settings times the seeds gives ``S`` members, trained together by one
+compiled chunk program (``ShardedRun`` with ``num_seeds = S``). Only float fields that the
+algorithm reads from its state's traced ``hparams`` can be swept (``ALGORITHMS[name].sweepable``:
+PPO lr, gamma, gae_lambda, clip_eps, ent_coef, vf_coef; DQN lr, gamma, tau); everything else
+changes shapes or the program. Member ``(setting, seed)`` starts from ``jax.random.key(seed)``
+with that setting's values, so it equals a single run with ``RunConfig(seed=seed)`` and the
+config changed to the setting. ``RunConfig(seed_axis="data")`` places the members on the data
+axis of the mesh (``S`` divisible by its size).
+
+Written per setting: ``<run dir>/<setting>/metrics.jsonl`` (seed mean and per-seed returns per
+update), plus ``summary.json``, ``summary.md`` and ``sweep.png`` in the run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.algos import ALGORITHMS
+from rljax.errors import ConfigError
+from rljax.run_log import RunLog, default_run_name
+from rljax.runner import RunConfig, ShardedRun, algorithm_name, prepare
+
+
+@dataclasses.dataclass
+class SweepResult:
+    settings: list[dict[str, float]]
+    seeds: list[int]
+    returns: np.ndarray  # [updates, settings, seeds]: training episode return per update
+    final_return: np.ndarray  # [settings, seeds]: mean over the last 10% of updates
+    run_dir: Path
+    table: str
+    steps_per_second: float
+
+
+def settings_of(algo_config, grid: Mapping[str, Sequence[float]]) -> list[dict[str, float]]:
+    """The grid's settings (product, in the given field order), validated."""
+    name = algorithm_name(algo_config)
+    sweepable = ALGORITHMS[name].sweepable
+    if not grid:
+        raise ConfigError(f"empty sweep grid; give values for some of {', '.join(sweepable)}")
+    fields = {f.name for f in dataclasses.fields(algo_config)}
+    for field, values in grid.items():
+        if field not in fields:
+            raise ConfigError(
+                f"sweep field {field!r} is not a {type(algo_config).__name__} field; sweepable "
+                f"float fields of {name}: {', '.join(sweepable)}"
+            )
+        if field not in sweepable:
+            raise ConfigError(
+                f"sweep field {field!r} cannot be swept in one jit (it is not a float "
+                f"hyperparameter held in the training state); sweepable fields of {name}: "
+                f"{', '.join(sweepable)}"
+            )
+        if isinstance(values, (str, bytes)) or len(values) == 0:
+            raise ConfigError(f"sweep field {field!r} has no values; give a non-empty list")
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"sweep field {field!r}: value {value!r} is not a number")
+    settings = [
+        dict(zip(grid, (float(v) for v in combo), strict=True))
+        for combo in itertools.product(*grid.values())
+    ]
+    algorithm = ALGORITHMS[name]
+    for setting in settings:
+        algorithm.validate(dataclasses.replace(algo_config, **setting))
+    return settings
+
+
+def label(setting: dict[str, float]) -> str:
+    return ",".join(f"{k}={v:g}" for k, v in setting.items())
+
+
+def sweep(
+    algo_config,
+    grid: Mapping[str, Sequence[float]],
+    seeds: Sequence[int] = (0,),
+    run: RunConfig | None = None,
+    progress=print,
+) -> SweepResult:
+    """Train every setting of ``grid`` x ``seeds`` in one compiled program; see the module doc."""
+    run = run or RunConfig()
+    settings = settings_of(algo_config, grid)
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise ConfigError("sweep needs at least one seed")
+    members = [(i, seed) for i in range(len(settings)) for seed in seeds]
+    run = dataclasses.replace(run, num_seeds=len(members))
+    if len(members) < 2:
+        raise ConfigError("a sweep needs at least 2 members (settings x seeds)")
+    mesh, algo = prepare(algo_config, run)
+    name = algorithm_name(algo_config)
+    default_name = default_run_name(f"{name}-sweep", algo_config.env)
+    run_dir = Path(run.runs_dir) / (run.run_name or default_name)
+    say = (lambda *a, **k: None) if run.quiet else progress
+    num_updates, per_update = algo_config.num_updates, algo_config.env_steps_per_update
+    sharded = ShardedRun(algo, mesh, len(members), min(run.log_every, num_updates))
+    keys = jnp.stack([jax.random.key_data(jax.random.key(seed)) for _, seed in members])
+    keys = jax.random.wrap_key_data(keys)
+    hparams = {
+        field: jnp.asarray([settings[i][field] for i, _ in members], jnp.float32)
+        for field in settings[0]
+    }
+    say(
+        f"rljax {name} sweep on {algo_config.env}: {len(settings)} settings x {len(seeds)} seeds "
+        f"= {len(members)} members in one jit, mesh {dict(mesh.shape)}, {num_updates} updates"
+    )
+    initial = sharded.init_members(keys, hparams)
+    chunks, t_start = [], time.perf_counter()
+    for _, metrics, done in sharded.chunks(initial, num_updates):
+        chunks.append(jax.device_get(metrics))
+        latest = np.asarray(chunks[-1]["episode_return"][-1]).reshape(len(settings), len(seeds))
+        best = int(np.argmax(latest.mean(1)))
+        say(
+            f"  update {done:>6}/{num_updates}  best {label(settings[best])}: "
+            f"{latest[best].mean():.1f}"
+        )
+    seconds = time.perf_counter() - t_start
+    metrics = jax.tree.map(lambda *m: np.concatenate(m), *chunks)  # [updates, S]
+    returns = np.asarray(metrics["episode_return"]).reshape(num_updates, len(settings), len(seeds))
+    tail = max(1, num_updates // 10)
+    final = returns[-tail:].mean(0)
+    _write(run_dir, settings, seeds, metrics, per_update, algo_config, run)
+    table = _table(settings, final)
+    _write_summary(run_dir, settings, seeds, final, returns, per_update, table)
+    say(table)
+    sps = num_updates * per_update * len(members) / seconds
+    return SweepResult(settings, seeds, returns, final, run_dir, table, sps)
+
+
+def _write(run_dir, settings, seeds, metrics, per_update, algo_config, run) -> None:
+    n_settings, n_seeds = len(settings), len(seeds)
+    for i, setting in enumerate(settings):
+        log = RunLog(run_dir / label(setting))
+        log.write_config(
+            algo=dataclasses.replace(algo_config, **setting), run=run, setting=setting, seeds=seeds
+        )
+        rows = []
+        for u in range(len(metrics["episode_return"])):
+            row = {"update": u + 1, "env_steps": (u + 1) * per_update}
+            for key, values in metrics.items():
+                per_seed = np.asarray(values[u]).reshape(n_settings, n_seeds)[i]
+                row[key] = float(per_seed.mean())
+                if key == "episode_return":
+                    row["episode_return_per_seed"] = per_seed
+            rows.append(row)
+        log.append(rows)
+        log.close()
+
+
+def _table(settings, final) -> str:
+    fields = list(settings[0])
+    lines = [
+        "| " + " | ".join(fields) + " | final return mean | std |",
+        "|" + "--:|" * (len(fields) + 2),
+    ]
+    for setting, finals in zip(settings, final, strict=True):
+        values = " | ".join(f"{setting[f]:g}" for f in fields)
+        lines.append(f"| {values} | {finals.mean():.1f} | {finals.std():.1f} |")
+    return "\n".join(lines)
+
+
+def _write_summary(run_dir, settings, seeds, final, returns, per_update, table) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = {
+        "settings": settings,
+        "seeds": seeds,
+        "final_return": final.tolist(),
+        "final_return_definition": "mean episode return over the last 10% of updates, per seed",
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (run_dir / "summary.md").write_text(table + "\n")
+    steps = (np.arange(returns.shape[0]) + 1) * per_update
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, setting in enumerate(settings):
+        mean, std = returns[:, i].mean(1), returns[:, i].std(1)
+        ax.plot(steps, mean, label=label(setting))
+        ax.fill_between(steps, mean - std, mean + std, alpha=0.15)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("episode return (mean ± std over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(run_dir / "sweep.png", dpi=100)
+    plt.close(fig)
