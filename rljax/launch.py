@@ -304,17 +304,39 @@ def _parser() -> argparse.ArgumentParser:
         description="Run N cooperating JAX processes on this machine; see rljax/launch.py.",
         usage="%(prog)s --num-processes N [options] -- COMMAND [ARGS...]",
     )
-    parser.add_argument("--num-processes", "-n", type=int, required=True)
+    parser.add_argument("--num-processes", "-n", type=int, required=True, metavar="N")
     parser.add_argument(
-        "--devices-per-process", type=int, default=None, help="sets JAX_NUM_CPU_DEVICES"
+        "--devices-per-process",
+        type=int,
+        default=None,
+        metavar="D",
+        help="sets JAX_NUM_CPU_DEVICES",
     )
     parser.add_argument("--cpu", action="store_true", help="sets JAX_PLATFORMS=cpu")
-    parser.add_argument("--port", type=int, default=None, help="coordinator port (default: free)")
-    parser.add_argument("--timeout", type=float, default=None, help="wall-clock limit, seconds")
     parser.add_argument(
-        "--grace", type=float, default=5.0, help="seconds before SIGTERM, then SIGKILL"
+        "--port", type=int, default=None, metavar="P", help="coordinator port (default: a free one)"
     )
-    parser.add_argument("--heartbeat-timeout", type=int, default=None)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="wall-clock limit in seconds (exit 124)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="after a failure: seconds before SIGTERM to the others, then before SIGKILL",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        default=None,
+        metavar="S",
+        help="seconds after which a silent process counts as dead (default 30)",
+    )
     parser.add_argument("--module", default=None, help="run `python -m MODULE ARGS...`")
     return parser
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.algos import ALGORITHMS
@@ -114,6 +115,27 @@ def state_shardings(algo, mesh: Mesh, num_seeds: int = 1):
     return logical_specs_to_shardings(specs, mesh, algo.rules)
 
 
+def replicate(mesh: Mesh, tree):
+    """Host values (the same on every process) as global arrays replicated over ``mesh``.
+
+    With several processes (``jax.distributed``) a jitted program over the global mesh takes
+    global arrays only; each process contributes its identical copy. Typed keys included."""
+
+    def one(x):
+        if isinstance(x, jax.Array) and x.is_fully_addressable is False:
+            return x  # already global
+        sharding = NamedSharding(mesh, PartitionSpec())
+        if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+            data = np.asarray(jax.random.key_data(x))
+            impl = jax.random.key_impl(x)
+            data = jax.make_array_from_process_local_data(sharding, data, data.shape)
+            return jax.random.wrap_key_data(data, impl=impl)
+        x = np.asarray(x)
+        return jax.make_array_from_process_local_data(sharding, x, x.shape)
+
+    return jax.tree.map(one, tree)
+
+
 class ShardedRun:
     """An algorithm placed on a mesh: sharded init and a compiled chunk runner.
 
@@ -156,7 +178,7 @@ class ShardedRun:
 
             self._init_members_jit = jax.jit(init, out_shardings=self.state_shardings)
         with jax.set_mesh(self.mesh):
-            return self._init_members_jit(keys, hparams)
+            return self._init_members_jit(*replicate(self.mesh, (keys, hparams)))
 
     def _init_from_seed_key(self, key):
         if self.num_seeds > 1:
@@ -181,7 +203,7 @@ class ShardedRun:
 
     def init(self, key: jax.Array):
         with jax.set_mesh(self.mesh):
-            return self._init_jit(key)
+            return self._init_jit(replicate(self.mesh, key))
 
     def compile(self, key: jax.Array) -> None:
         """Compile init and the chunk runner ahead of time; timings in ``compile_seconds``."""
@@ -212,7 +234,7 @@ class ShardedRun:
         if not 0 < num_updates <= self.chunk_size:
             raise ValueError(f"num_updates must be in [1, {self.chunk_size}], got {num_updates}")
         with jax.set_mesh(self.mesh):
-            return self._chunk_jit(state, jnp.int32(num_updates))
+            return self._chunk_jit(state, replicate(self.mesh, jnp.int32(num_updates)))
 
 
 def communication(algo, mesh: Mesh) -> dict[str, dict[str, float]]:
@@ -264,6 +286,12 @@ def prepare(algo_config, run: RunConfig) -> tuple[Mesh, Any]:
     if run.num_devices is not None:
         set_num_cpu_devices(run.num_devices)
     mesh = make_mesh(run.mesh)
+    if jax.process_count() > 1 and mesh.devices.size != jax.device_count():
+        raise ConfigError(
+            f"mesh {run.mesh!r} uses {mesh.devices.size} of the {jax.device_count()} devices of "
+            f"{jax.process_count()} processes; with several processes the mesh must span every "
+            "device (e.g. data=-1,model=2)"
+        )
     validate_run(run, mesh)
     # One data-parallel replica per data shard; seeds on `data` leave each seed's environment
     # batch whole on its data shard (one replica).

@@ -3,6 +3,7 @@
     python -m rljax.train ppo --env CartPole-v1 --mesh data=2,model=2 --num-devices 4
     python -m rljax.train dqn --env CartPole-v1 --mesh data=2,model=2 --num-devices 4
     python -m rljax.train ppo --resume runs/<name>             # continue a stopped run
+    python -m rljax.launch -n 2 --devices-per-process 2 --cpu -- train ppo --mesh data=2,model=2
 
 Every field of the algorithm config and of ``RunConfig`` is a flag (``--help`` lists them with
 their defaults). With ``--resume`` the saved run's configuration is the default and flags may
@@ -20,6 +21,7 @@ from typing import Annotated
 import tyro
 
 from rljax.algos import ALGORITHMS, DQNConfig, PPOConfig
+from rljax.distributed import DistributedConfig, exit_process, initialize
 from rljax.errors import ConfigError, TrainingError
 from rljax.resume import config_from_dict, read_run_config
 from rljax.runner import RunConfig
@@ -31,6 +33,7 @@ class PPOCommand:
 
     algo: Annotated[PPOConfig, tyro.conf.arg(name="")] = PPOConfig()
     run: Annotated[RunConfig, tyro.conf.arg(name="")] = RunConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +42,7 @@ class DQNCommand:
 
     algo: Annotated[DQNConfig, tyro.conf.arg(name="")] = DQNConfig()
     run: Annotated[RunConfig, tyro.conf.arg(name="")] = RunConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
 
 COMMANDS = {"ppo": PPOCommand, "dqn": DQNCommand}
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                 prog=f"python -m rljax.train {argv[0]}",
                 config=(tyro.conf.OmitArgPrefixes,),
             )
+        # Joins a multi-process job when flags or the environment (rljax.launch, SLURM, TPU pod
+        # with --distributed.auto) say so; before anything touches JAX.
+        initialize(command.distributed)
         from rljax.training import train  # after parsing: --help stays fast
 
         train(command.algo, command.run)
@@ -94,4 +101,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Exits at once on failure: with several processes, JAX's exit barrier would otherwise wait
+    # for peers that wait for this process (rljax.distributed.exit_process).
+    exit_process(main())

@@ -53,6 +53,7 @@ from rljax.runner import (
     comm_bytes_per_update,
     communication,
     prepare,
+    replicate,
     rules_for,
 )
 
@@ -191,7 +192,7 @@ class _Session:
         if self.run.num_seeds > 1:
             key = jax.random.split(key, self.run.num_seeds)
         with jax.set_mesh(self.mesh):
-            result = self.evaluate(state.params, key)
+            result = self.evaluate(state.params, replicate(self.mesh, key))
         return {k: float(np.mean(_to_host(v))) for k, v in result.items()}
 
     def _mesh_info(self) -> dict:
