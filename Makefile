@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(PY) -m rljax.train ppo --env CartPole-v1 --mesh data=2,model=2 --num-devices 4 --run-name demo-ppo-cartpole
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check rljax tests experiments
+	$(VENV)/bin/ruff check rljax tests experiments notebooks
 	$(PY) -m pytest -q --durations=8 tests
 
 bench: $(STAMP)

@@ -110,13 +110,12 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 def plot_learning_curve(metrics_path: str | Path, out_path: str | Path, title: str = "") -> Path:
     """Episode return against environment steps: seed mean, with a min-max band over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure without pyplot: no global backend switch (notebooks keep inline plots).
+    from matplotlib.figure import Figure
 
     rows = [r for r in read_metrics(metrics_path) if r.get("episodes", 0)]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     if rows:
         steps = np.array([r["env_steps"] for r in rows])
         ax.plot(steps, [r["episode_return"] for r in rows], label="training (mean over seeds)")
@@ -134,5 +133,4 @@ def plot_learning_curve(metrics_path: str | Path, out_path: str | Path, title: s
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_path, dpi=100)
-    plt.close(fig)
     return Path(out_path)

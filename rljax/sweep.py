@@ -175,10 +175,8 @@ def _table(settings, final) -> str:
 
 
 def _write_summary(run_dir, settings, seeds, final, returns, per_update, table) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure without pyplot: no global backend switch (notebooks keep inline plots).
+    from matplotlib.figure import Figure
 
     summary = {
         "settings": settings,
@@ -189,7 +187,8 @@ def _write_summary(run_dir, settings, seeds, final, returns, per_update, table) 
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (run_dir / "summary.md").write_text(table + "\n")
     steps = (np.arange(returns.shape[0]) + 1) * per_update
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for i, setting in enumerate(settings):
         mean, std = returns[:, i].mean(1), returns[:, i].std(1)
         ax.plot(steps, mean, label=label(setting))
@@ -200,4 +199,3 @@ def _write_summary(run_dir, settings, seeds, final, returns, per_update, table) 
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(run_dir / "sweep.png", dpi=100)
-    plt.close(fig)
