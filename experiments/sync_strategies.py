@@ -16,15 +16,18 @@ Configs
         steps per seed (50 vector steps = 50 optimizer steps per update once learning started)
 
 Settings: allreduce; local_sgd K=4, 16; adaptive threshold 0.003, 0.01 (max_period 32; the
-drift ``max_r ||x_r - x_sync|| / ||x_sync||`` of both algorithms is ~0.01 after 16 and ~0.02-0.03
-after 32 local optimizer steps early in training and shrinks later, so 0.05 would never fire
-before max_period); compressed int8 (block 256) and top-k 1% / 10%, with error feedback; stale
-tau=1, 4.
+drift ``max_r ||x_r - x_sync|| / ||x_sync||`` measured before the study was ~0.01 after 16 and
+0.02-0.04 after 32 local optimizer steps early in training and smaller later, so 0.05 never fired
+before max_period: 3.1 syncs per 100 steps, the max_period floor); compressed int8 (block 256)
+and top-k 1% / 10%, with error feedback; stale tau=1, 4.
 
 Columns
   final return   per seed the mean ``episode_return`` of the last 5% of updates, then the mean and
                  the sample std (ddof=1) over seeds
+  AUC return     mean episode_return over all updates (area under the learning curve), mean over
+                 seeds: separates settings that all end at CartPole's cap of 500
   steps/s        env steps (all seeds) / seconds of the timed chunk calls; compile excluded
+  best seed      the fastest seed's steps/s (other work on the machine only ever slows a seed)
   compile s      ``ShardedRun.compile`` (init + chunk programs), once per setting
   bytes/update   bytes sent per device over ``data`` per update, from ``communication(algo,
                  mesh)`` and each update's measured ``optimizer_steps``/``syncs``
@@ -48,6 +51,9 @@ jax.config.update("jax_num_cpu_devices", 4)  # before anything touches a JAX bac
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -57,7 +63,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.bench_harness import REPO_ROOT, log, markdown_table, write_report  # noqa: E402
+from experiments.bench_harness import REPO_ROOT, log, markdown_table  # noqa: E402
 from rljax import DQN, PPO, DQNConfig, PPOConfig  # noqa: E402
 from rljax.parallel import make_mesh  # noqa: E402
 from rljax.parallel.sync import SyncConfig  # noqa: E402
@@ -102,7 +108,9 @@ STYLES = {
 COLUMNS = [
     ("setting", "setting", ""),
     ("final return", "final_return_str", ""),
+    ("AUC return", "mean_return", ".1f"),
     ("steps/s", "steps_per_s", ",.0f"),
+    ("best seed steps/s", "steps_per_s_best", ",.0f"),
     ("compile s", "compile_s", ".1f"),
     ("bytes/update", "bytes_per_update", ",.0f"),
     ("vs allreduce", "bytes_vs_allreduce", ".3f"),
@@ -243,8 +251,11 @@ def run_setting(algo_name: str, setting: str, total_timesteps: int, seeds: list[
 # ------------------------------------------------------------------------------------------------
 # Reporting
 # ------------------------------------------------------------------------------------------------
-def add_relative(rows: list[dict]) -> None:
+def add_derived(rows: list[dict]) -> None:
+    """Columns computed from the stored numbers (so that ``--replot`` recomputes them)."""
     for r in rows:
+        r["steps_per_s_best"] = max(s["steps_per_s"] for s in r["seeds"])
+        r["mean_return"] = float(np.mean([np.mean(s["episode_return"]) for s in r["seeds"]]))
         base = next((b for b in rows if b["algo"] == r["algo"] and b["setting"] == "allreduce"), 0)
         r["bytes_vs_allreduce"] = r["bytes_per_update"] / base["bytes_per_update"] if base else None
         r["final_return_str"] = f"{r['final_return_mean']:.1f} ± {r['final_return_std']:.1f}"
@@ -263,8 +274,12 @@ def describe_config(report: dict) -> dict[str, str]:
 
 def write_markdown(report: dict, path: Path) -> None:
     rows = report["rows"]
-    add_relative(rows)
+    add_derived(rows)
     seeds = report["seeds"]
+    spread = max(
+        max(s["steps_per_s"] for s in r["seeds"]) / min(s["steps_per_s"] for s in r["seeds"])
+        for r in rows
+    )
     lines = [
         "# Gradient-synchronisation strategies",
         "",
@@ -275,12 +290,15 @@ def write_markdown(report: dict, path: Path) -> None:
         f"({report['finished']}). Written by `experiments/sync_strategies.py`.",
         "",
         f"final return: per seed the mean episode return of the last {FINAL_FRACTION:.0%} of "
-        "updates, then mean ± sample std over seeds. steps/s: env steps / seconds of the "
-        "compiled chunk calls (compile excluded; emulated devices on 2 shared cores, so "
-        "relative rather than absolute). bytes/update: bytes sent per device over `data` per "
-        "update (ring convention of `rljax.parallel.comm`, measured on the compiled optimizer "
-        "step x the measured optimizer steps and syncs; DQN: updates after learning started). "
-        "syncs/100 steps: synchronising optimizer steps per 100 optimizer steps.",
+        "updates, then mean ± sample std over seeds. AUC return: the mean over every update "
+        "(area under the learning curve), mean over seeds. steps/s: env steps / seconds of the "
+        "compiled chunk calls (compile excluded; 4 emulated devices on shared cores, so "
+        f"relative rather than absolute: per-seed speeds of one setting differed by up to "
+        f"{spread:.1f}x here, hence the fastest seed too). bytes/update: bytes sent per device "
+        "over `data` per update (ring convention of `rljax.parallel.comm`, measured on the "
+        "compiled optimizer step x the measured optimizer steps and syncs; DQN: updates after "
+        "learning started). syncs/100 steps: synchronising optimizer steps per 100 optimizer "
+        "steps.",
     ]
     configs = describe_config(report)
     for algo in report["algos"]:
@@ -289,6 +307,18 @@ def write_markdown(report: dict, path: Path) -> None:
             continue
         lines += ["", f"## {algo.upper()}", "", configs[algo], ""]
         lines.append(markdown_table(algo_rows, COLUMNS))
+        base = next((r for r in algo_rows if r["setting"] == "allreduce"), None)
+        on_sync = [r for r in algo_rows if r["communication"]["data"]["on_sync"]]
+        if base is not None and on_sync:
+            unit = base["communication"]["data"]["always"]
+            costs = ", ".join(
+                f"{r['setting']} {r['communication']['data']['on_sync'] / unit:.2f}"
+                for r in on_sync
+            )
+            lines.append(
+                f"\nBytes of one synchronising step in units of an allreduce step ({unit:,.0f} "
+                f"bytes): {costs}."
+            )
         for r in (r for r in algo_rows if r["sync"]["strategy"] == "adaptive"):
             rates = " / ".join(f"{100 * x:.1f}" for x in sync_rate_by_quarter(r))
             drift = np.concatenate(
@@ -329,11 +359,11 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     algos = [a for a in report["algos"] if any(r["algo"] == a for r in report["rows"])]
-    fig, axes = plt.subplots(1, len(algos), figsize=(7 * len(algos), 5.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(algos), figsize=(7.5 * len(algos), 5.8), squeeze=False)
     handles = {}
     for ax, algo in zip(axes[0], algos, strict=True):
         rows = [r for r in report["rows"] if r["algo"] == algo]
-        window = max(1, rows[0]["num_updates"] // 50)
+        window = max(1, rows[0]["num_updates"] // 25)
         for r in rows:
             curves = np.array([smooth(np.array(s["episode_return"]), window) for s in r["seeds"]])
             steps = (np.arange(curves.shape[1]) + 1) * r["env_steps_per_update"]
@@ -341,11 +371,12 @@ def plot(report: dict, path: Path) -> None:
             std = curves.std(0, ddof=1) if len(curves) > 1 else np.zeros_like(mean)
             color, style = STYLES.get(r["setting"], (None, "-"))
             (line,) = ax.plot(steps, mean, color=color, linestyle=style, lw=1.4)
-            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.12)
+            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.08, lw=0)
             handles[r["setting"]] = line
         budget = report["total_timesteps"][algo]
         ax.set_title(f"{algo.upper()} CartPole-v1, {budget:,} steps, {len(report['seeds'])} seeds")
         ax.set_xlabel("env steps per seed")
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:g}k")
         ax.set_ylabel(f"episode return (moving mean over {window} updates)")
         ax.set_ylim(0, 520)
         ax.grid(alpha=0.3)
@@ -363,6 +394,28 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     log(f"wrote {path}")
+
+
+def write_json(path: Path, report: dict) -> None:
+    """Atomically write ``report`` plus the machine description of ``bench_harness.write_report``
+    (keys already in ``report`` are kept), every flat list of numbers (the curves) on one line."""
+    meta = {
+        "benchmark": "sync_strategies",
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": sys.argv[1:],
+        "jax_version": jax.__version__,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    text = json.dumps({**meta, **report}, indent=2)
+    text = re.sub(
+        r"\[\s*\n\s*([-+\d.eE,\s]*?)\s*\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text + "\n")
+    tmp.replace(path)
 
 
 def write_outputs(report: dict, stem: Path) -> None:
@@ -396,10 +449,11 @@ def main(argv=None) -> None:
             row = run_setting(algo, setting, args.timesteps[algo], args.seeds, mesh)
             report["rows"].append(row)
             report["wall_s"] = time.perf_counter() - t_start
-            write_report(json_path, "sync_strategies", report)  # partial results survive a crash
+            write_json(json_path, report)  # partial results survive a crash
     report["wall_s"] = time.perf_counter() - t_start
-    add_relative(report["rows"])
-    write_report(json_path, "sync_strategies", report)
+    add_derived(report["rows"])
+    write_json(json_path, report)
+    log(f"wrote {json_path}")
     report = json.loads(json_path.read_text())
     write_outputs(report, args.out)
     for algo in args.algos:

@@ -248,6 +248,13 @@ class GradientSync:
             [i for i, g in enumerate(group_of) if g == k] for k in dict.fromkeys(group_of)
         ]
 
+    def _local_copy(self, params):
+        """Per-replica ``params`` that are equal on every replica (right after ``_average``) as
+        one replicated copy: each device keeps its own, nothing is communicated. (Slicing
+        replica 0 out of ``[R@data]`` would make the partitioner broadcast it from one shard.)"""
+        specs = (self._led(self.param_specs),)
+        return per_replica(lambda p: p, self.replicas, specs, self.param_specs)(params)
+
     def _compressed_mean(self, grads, residual):
         """``[R@data, ...]`` gradients (+ residuals) -> (mean estimate ``[...]``, new residuals).
 
@@ -379,9 +386,7 @@ class GradientSync:
         )
         if c.strategy == "adaptive":
             state["anchor"] = jax.lax.cond(
-                is_sync,
-                lambda: jax.tree.map(lambda x: x[0], params),
-                lambda: state["anchor"],
+                is_sync, lambda: self._local_copy(params), lambda: state["anchor"]
             )
             state["since_sync"] = jnp.where(is_sync, 0, state["since_sync"] + 1)
         return params, opt_state, state, is_sync.astype(jnp.int32), metrics
