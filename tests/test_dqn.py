@@ -118,13 +118,13 @@ def test_buffer_and_parameters_are_sharded_on_the_mesh(prioritized):
 
 
 def test_dqn_learns_cartpole():
-    """Reference config except 1.5e5 steps and faster epsilon decay (the full 5e5 run is in
-    experiments/bench_dqn.py); a fixed seed reaches a mean return above 400."""
-    config = DQNConfig(total_timesteps=150_000, epsilon_decay_steps=50_000, learning_starts=5_000)
+    """The reference config (PureJaxRL's: 10 envs, 5e5 steps, ...), fixed seed: the mean return
+    of the last 10 updates (5,000 env steps) is at least 400."""
+    config = DQNConfig()
     _, metrics = run_dqn(config, "data=1,model=1", config.num_updates)
-    final = metrics["episode_return"][-5:].mean()
-    assert final >= 400, f"mean return over the last 5 updates: {final}"
-    assert metrics["truncations"].sum() > 0
+    final = metrics["episode_return"][-10:].mean()
+    assert final >= 400, f"mean return over the last 10 updates: {final}"
+    assert metrics["truncations"].sum() > 0  # reached the 500-step time limit
 
 
 BAD_INPUT = [

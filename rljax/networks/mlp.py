@@ -25,10 +25,16 @@ RulesTuple = tuple[tuple[str, str | None], ...]
 DEFAULT_RULES: RulesTuple = tuple(LOGICAL_RULES.items())
 
 
-def dense(features, kernel_axes, bias_axes, scale, name):
+def dense(features, kernel_axes, bias_axes, scale, name, init="orthogonal"):
+    """``init``: "orthogonal" with gain ``scale`` (PPO practice) or "lecun" (LeCun normal, Flax
+    ``nn.Dense``'s default, what DQN implementations use; ``scale`` ignored)."""
+    if init == "orthogonal":
+        kernel = nn.initializers.orthogonal(scale)
+    else:
+        kernel = nn.initializers.lecun_normal()
     return nn.Dense(
         features,
-        kernel_init=nn.with_logical_partitioning(nn.initializers.orthogonal(scale), kernel_axes),
+        kernel_init=nn.with_logical_partitioning(kernel, kernel_axes),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), bias_axes),
         name=name,
     )
@@ -52,6 +58,7 @@ class MLPTower(nn.Module):
     widths: Sequence[int]
     activation: str = "tanh"
     rules: RulesTuple = DEFAULT_RULES
+    initializer: str = "orthogonal"
 
     @nn.compact
     def __call__(self, x):
@@ -59,13 +66,14 @@ class MLPTower(nn.Module):
         act = ACTIVATIONS[self.activation]
         for i, width in enumerate(self.widths):
             kernel_axes, bias_axes = layer_axes(i)
-            x = act(dense(width, kernel_axes, bias_axes, np.sqrt(2), f"dense_{i}")(x))
+            layer = dense(width, kernel_axes, bias_axes, np.sqrt(2), f"dense_{i}", self.initializer)
+            x = act(layer(x))
             x = constrain(x, "batch", bias_axes[0], rules=rules)
         return x
 
 
-def head(features: int, in_axis: str, out_axis: str, scale: float, name: str):
-    return dense(features, (in_axis, out_axis), (out_axis,), scale, name)
+def head(features: int, in_axis: str, out_axis: str, scale: float, name: str, init="orthogonal"):
+    return dense(features, (in_axis, out_axis), (out_axis,), scale, name, init)
 
 
 class ActorCritic(nn.Module):
@@ -124,19 +132,19 @@ class QNetwork(nn.Module):
     activation: str = "relu"
     dueling: bool = False
     rules: RulesTuple = DEFAULT_RULES
+    initializer: str = "lecun"
 
     @nn.compact
     def __call__(self, obs):
         rules = dict(self.rules)
         x = constrain(obs.reshape(obs.shape[0], -1), "batch", "embed", rules=rules)
-        x = MLPTower(self.widths, self.activation, self.rules, name="tower")(x)
+        x = MLPTower(self.widths, self.activation, self.rules, self.initializer, name="tower")(x)
         in_axis = output_axis(len(self.widths))
-        # Lecun-normal-like scale 1.0 for the heads (orthogonal), as a plain Dense would.
-        advantage = head(self.num_actions, in_axis, "actions", 1.0, "q_head")(x)
+        advantage = head(self.num_actions, in_axis, "actions", 1.0, "q_head", self.initializer)(x)
         advantage = constrain(advantage, "batch", "actions", rules=rules)
         if not self.dueling:
             return advantage
-        value = head(1, in_axis, "value", 1.0, "value_head")(x)
+        value = head(1, in_axis, "value", 1.0, "value_head", self.initializer)(x)
         value = constrain(value, "batch", None, rules=rules)
         return value + advantage - advantage.mean(axis=-1, keepdims=True)
 
