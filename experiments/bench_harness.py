@@ -367,7 +367,9 @@ def curve_study_plot(report: dict, path: Path) -> None:
     ax = fig.subplots()
     plot_seed_curves(ax, env_steps, returns, window, color="tab:blue", label="mean over seeds")
     if report.get("threshold") is not None:
-        ax.axhline(report["threshold"], color="gray", ls="--", lw=1, label="threshold")
+        ax.axhline(
+            report["threshold"], color="gray", ls="--", lw=1, label=f"{report['threshold']:g}"
+        )
     ax.set_xlabel("env steps per seed")
     ax.xaxis.set_major_formatter(
         lambda x, _: f"{x / 1e6:g}M" if env_steps[-1] >= 2e6 else f"{x / 1e3:g}k"

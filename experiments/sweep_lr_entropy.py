@@ -13,8 +13,8 @@ minibatches, lr annealed linearly to 0, 2x64 tanh). Grid: lr 2.5e-5 / 2.5e-4 (th
 2.5e-3, a decade either side; ent_coef 0 / 0.01 (the default) / 0.1.
 
 Writes ``experiments/results/sweep_lr_entropy.{md,json,png}``: the sweep's summary table (its
-final return: per seed the mean episode_return over the last 10% of updates, then mean and
-population std over the seeds), the mean return over all updates (AUC) per setting, and a plot
+final return: per seed the mean episode_return over the last 5% of updates, then mean and
+sample std over the seeds), the mean return over all updates (AUC) per setting, and a plot
 (heatmaps of final and AUC return, seed-mean learning curves). The sweep's own run directory
 (per-setting ``metrics.jsonl``, ``summary.md``, ``sweep.png``) goes to ``runs/sweep_lr_entropy``.
 """
@@ -102,7 +102,7 @@ def markdown(report: dict) -> str:
         f"calls including the chunk program's compile). Written by `experiments/{NAME}.py`.",
         "",
         "The sweep's summary table. final return: per seed the mean training episode_return over "
-        "the last 10% of updates (`rljax.sweep`'s definition), then mean and population std "
+        "the last 5% of updates (`rljax.sweep`'s definition), then mean and sample std "
         "(ddof=0) over seeds:",
         "",
         report["table"],
@@ -129,12 +129,12 @@ def plot(report: dict, path: Path) -> None:
     fig = Figure(figsize=(17, 5.2))
     axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 1.5]})
     panels = (
-        (axes[0], final, "final return (last 10% of updates)"),
+        (axes[0], final, "final return (last 5% of updates)"),
         (axes[1], auc, "AUC return (mean over all updates)"),
     )
     for ax, values, title in panels:
         mean = values.mean(1).reshape(n_lr, n_ent)
-        std = values.std(1).reshape(n_lr, n_ent)
+        std = values.std(1, ddof=1).reshape(n_lr, n_ent)
         image = ax.imshow(mean, cmap="viridis", vmin=0, vmax=500, origin="lower", aspect="auto")
         for i in range(n_lr):
             for j in range(n_ent):
@@ -229,7 +229,7 @@ def main(argv=None) -> dict:
         "run_dir": str(result.run_dir),
         "table": result.table,
         "final_return_definition": "rljax.sweep: per seed the mean episode_return over the "
-        "last 10% of updates; table std over seeds is the population std (ddof=0)",
+        "last 5% of updates; table std over seeds is the sample std (ddof=1)",
         "final_return": result.final_return.tolist(),  # [settings, seeds]
         "auc_return": returns.mean(0).tolist(),  # [settings, seeds]
         # [settings][seeds][updates]
