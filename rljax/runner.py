@@ -280,7 +280,7 @@ def algorithm_name(algo_config) -> str:
     )
 
 
-def prepare(algo_config, run: RunConfig) -> tuple[Mesh, Any]:
+def prepare(algo_config, run: RunConfig, swept: tuple[str, ...] = ()) -> tuple[Mesh, Any]:
     """Validate everything and build mesh and algorithm; raises ``ConfigError`` before compiling."""
     algorithm = ALGORITHMS[algorithm_name(algo_config)]
     if run.num_devices is not None:
@@ -297,4 +297,4 @@ def prepare(algo_config, run: RunConfig) -> tuple[Mesh, Any]:
     # batch whole on its data shard (one replica).
     replicas = 1 if run.seed_axis == "data" else mesh.shape["data"]
     algorithm.validate(algo_config, replicas, mesh.shape["model"])
-    return mesh, algorithm.build(algo_config, rules_for(run), replicas)
+    return mesh, algorithm.build(algo_config, rules_for(run), replicas, swept=swept)

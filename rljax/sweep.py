@@ -6,7 +6,7 @@
 
 The grid's product of settings times the seeds gives ``S`` members, trained together by one
 compiled chunk program (``ShardedRun`` with ``num_seeds = S``). Only float fields that the
-algorithm reads from its state's traced ``hparams`` can be swept (``ALGORITHMS[name].sweepable``:
+algorithm can hold in its state as traced ``hparams`` can be swept (``ALGORITHMS[name].sweepable``:
 PPO lr, gamma, gae_lambda, clip_eps, ent_coef, vf_coef; DQN lr, gamma, tau); everything else
 changes shapes or the program. Member ``(setting, seed)`` starts from ``jax.random.key(seed)``
 with that setting's values, so it equals a single run with ``RunConfig(seed=seed)`` and the
@@ -102,7 +102,7 @@ def sweep(
     run = dataclasses.replace(run, num_seeds=len(members))
     if len(members) < 2:
         raise ConfigError("a sweep needs at least 2 members (settings x seeds)")
-    mesh, algo = prepare(algo_config, run)
+    mesh, algo = prepare(algo_config, run, swept=tuple(settings[0]))
     name = algorithm_name(algo_config)
     default_name = default_run_name(f"{name}-sweep", algo_config.env)
     run_dir = Path(run.runs_dir) / (run.run_name or default_name)

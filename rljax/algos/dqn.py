@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from rljax.algos import hparams as hparams_lib
 from rljax.buffers import ReplayBuffer, add, init_buffer, sample, update_priorities
 from rljax.buffers.replay import buffer_logical_specs
 from rljax.envs import BatchedEnv, EnvBatch, check_env_name
@@ -39,7 +40,7 @@ from rljax.networks.mlp import check_tensor_parallel, init_dummy_obs
 from rljax.parallel.sharding import LOGICAL_RULES, LogicalRules, batch_spec_like, constrain
 from rljax.parallel.sync import GradientSync, SyncConfig, validate_sync
 
-# Float fields read from ``DQNState.hparams`` (traced), so a sweep can vmap over them.
+# Float fields a sweep can hold in ``DQNState.hparams`` (traced) and vmap over.
 SWEEPABLE = ("lr", "gamma", "tau")
 
 
@@ -198,7 +199,7 @@ class DQNState:
     key: jax.Array
     update_step: jax.Array  # int32: update() calls done
     env_steps: jax.Array  # int32: environment steps done (all envs)
-    hparams: dict[str, jax.Array]  # float32 scalars of SWEEPABLE fields (vmapped by sweeps)
+    hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
 
 
 def nstep_return(rewards, terminated, truncated, gamma: float):
@@ -243,10 +244,18 @@ class DQN:
     environments and their replay rows and sample ``batch_size / R`` per gradient step.
     """
 
-    def __init__(self, config: DQNConfig, rules: LogicalRules = LOGICAL_RULES, replicas: int = 1):
+    def __init__(
+        self,
+        config: DQNConfig,
+        rules: LogicalRules = LOGICAL_RULES,
+        replicas: int = 1,
+        swept: tuple[str, ...] = (),
+    ):
+        """``swept``: fields of ``SWEEPABLE`` held as traced ``state.hparams`` (sweeps)."""
         self.config = c = config
         self.rules = dict(rules)
         self.replicas = replicas
+        self.swept = hparams_lib.check_swept(swept, SWEEPABLE, "dqn")
         self.env = BatchedEnv(c.env, c.num_envs, self.rules)
         self.network = QNetwork(
             num_actions=self.env.spec.num_actions,
@@ -256,11 +265,14 @@ class DQN:
             rules=tuple(self.rules.items()),
         )
         total_grad_steps = max(1, (c.total_timesteps - c.learning_starts) // c.train_frequency)
-        # Adam with a unit rate; the (traced, sweepable) learning rate scales the update.
-        decay = optax.linear_schedule(-1.0, 0.0, total_grad_steps) if c.lr_decay else None
         chain = [optax.clip_by_global_norm(c.max_grad_norm)] if c.max_grad_norm > 0 else []
-        chain.append(optax.scale_by_adam())
-        chain.append(optax.scale_by_schedule(decay) if decay else optax.scale(-1.0))
+        if "lr" in self.swept:  # unit rate; the traced learning rate scales the update
+            chain.append(optax.scale_by_adam())
+            unit = optax.linear_schedule(-1.0, 0.0, total_grad_steps) if c.lr_decay else None
+            chain.append(optax.scale_by_schedule(unit) if unit else optax.scale(-1.0))
+        else:
+            lr = optax.linear_schedule(c.lr, 0.0, total_grad_steps) if c.lr_decay else c.lr
+            chain.append(optax.adam(lr))
         self.optimizer = optax.chain(*chain)
         boxed_params = jax.eval_shape(self._init_params, jax.random.key(0))
         self.sync = GradientSync(c.sync, self.optimizer, replicas, boxed_params, self.rules)
@@ -291,7 +303,7 @@ class DQN:
             self._buffer_item(env.obs), c.buffer_size, c.prioritized, rules=self.rules
         )
         zero = jnp.zeros((), jnp.int32)
-        hparams = {name: jnp.float32(getattr(c, name)) for name in SWEEPABLE}
+        hparams = hparams_lib.initial(c, self.swept)
         return DQNState(
             params, params, self.optimizer.init(params), {}, env, buffer, key, zero, zero, hparams
         )
@@ -362,6 +374,9 @@ class DQN:
         loss = jnp.mean(batch["weight"] * td_loss(error, self.config.loss))
         return loss, {"td_error": error, "q_mean": chosen.mean()}
 
+    def _hp(self, state: DQNState):
+        return hparams_lib.resolve(self.config, state.hparams)
+
     def _per_beta(self, env_steps):
         c = self.config
         fraction = jnp.clip(env_steps / c.total_timesteps, 0.0, 1.0)
@@ -382,7 +397,7 @@ class DQN:
             "obs": window["obs"][:, 0],
             "action": window["action"][:, 0],
             "target": self.targets(
-                state.params, state.target_params, window, state.hparams["gamma"]
+                state.params, state.target_params, window, self._hp(state).gamma
             ),
             "weight": drawn.weight,
         }
@@ -395,7 +410,7 @@ class DQN:
         )
         (loss, aux), grads = self.sync.grads(self.loss, state.params, batch)
         params, opt_state, sync, sync_metrics = self.sync.step(
-            state.params, state.opt_state, state.sync, grads, scale=state.hparams["lr"]
+            state.params, state.opt_state, state.sync, grads, scale=state.hparams.get("lr")
         )
         buffer = state.buffer
         if c.prioritized:
@@ -445,7 +460,7 @@ class DQN:
 
         interval = c.target_update_interval
         update_target = env_steps // interval > previous // interval
-        tau = state.hparams["tau"]
+        tau = self._hp(state).tau
         target = jax.tree.map(
             lambda t, p: jnp.where(update_target, tau * p + (1.0 - tau) * t, t),
             state.target_params,

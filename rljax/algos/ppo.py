@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import types
 from typing import Any, Literal
 
 import flax.linen as nn
@@ -26,6 +25,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from rljax.algos import hparams as hparams_lib
 from rljax.envs import BatchedEnv, EnvBatch, Transition, check_env_name
 from rljax.errors import ConfigError
 from rljax.networks import ActorCritic, distributions
@@ -33,7 +33,7 @@ from rljax.networks.mlp import check_tensor_parallel, check_torso, init_dummy_ob
 from rljax.parallel.sharding import LOGICAL_RULES, LogicalRules, batch_spec_like, constrain
 from rljax.parallel.sync import GradientSync, SyncConfig, validate_sync
 
-# Float fields read from ``PPOState.hparams`` (traced), so a sweep can vmap over them.
+# Float fields a sweep can hold in ``PPOState.hparams`` (traced) and vmap over.
 SWEEPABLE = ("lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef")
 
 
@@ -155,7 +155,7 @@ class PPOState:
     env: EnvBatch
     key: jax.Array
     update_step: jax.Array  # int32 scalar: updates done
-    hparams: dict[str, jax.Array]  # float32 scalars of SWEEPABLE fields (vmapped by sweeps)
+    hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
 
 
 class Rollout(struct.PyTreeNode):
@@ -205,10 +205,18 @@ class PPO:
     give the same numbers; the model axis never changes them.
     """
 
-    def __init__(self, config: PPOConfig, rules: LogicalRules = LOGICAL_RULES, replicas: int = 1):
+    def __init__(
+        self,
+        config: PPOConfig,
+        rules: LogicalRules = LOGICAL_RULES,
+        replicas: int = 1,
+        swept: tuple[str, ...] = (),
+    ):
+        """``swept``: fields of ``SWEEPABLE`` held as traced ``state.hparams`` (sweeps)."""
         self.config = config
         self.rules = dict(rules)
         self.replicas = replicas
+        self.swept = hparams_lib.check_swept(swept, SWEEPABLE, "ppo")
         self.env = BatchedEnv(config.env, config.num_envs, self.rules)
         self.network = ActorCritic(
             num_actions=self.env.spec.num_actions,
@@ -221,18 +229,20 @@ class PPO:
         c = config
         steps_per_update = c.update_epochs * c.num_minibatches
 
-        # Adam with a unit rate: the learning rate multiplies the update in GradientSync.step, so
-        # that it can be a traced hyperparameter (sweeps vmap over it).
-        def schedule(count):
-            if not c.anneal_lr:  # constant within an update, as in PureJaxRL
-                return -1.0
-            return -(1.0 - (count // steps_per_update) / c.num_updates)
+        def frac(count):  # linear annealing, constant within an update as in PureJaxRL
+            if not c.anneal_lr:
+                return 1.0
+            return 1.0 - (count // steps_per_update) / c.num_updates
 
-        self.optimizer = optax.chain(
-            optax.clip_by_global_norm(c.max_grad_norm),
-            optax.scale_by_adam(eps=1e-5),
-            optax.scale_by_schedule(schedule),
-        )
+        if "lr" in self.swept:
+            # Adam with a unit rate; the traced learning rate multiplies the update
+            # (GradientSync.step(scale=...)).
+            adam = optax.chain(
+                optax.scale_by_adam(eps=1e-5), optax.scale_by_schedule(lambda n: -frac(n))
+            )
+        else:
+            adam = optax.adam(lambda n: c.lr * frac(n), eps=1e-5)
+        self.optimizer = optax.chain(optax.clip_by_global_norm(c.max_grad_norm), adam)
         boxed_params = jax.eval_shape(self._init_params, jax.random.key(0))
         self.sync = GradientSync(c.sync, self.optimizer, replicas, boxed_params, self.rules)
 
@@ -246,7 +256,7 @@ class PPO:
         params = self._init_params(net_key)
         opt_state = self.optimizer.init(params)
         env = self.env.reset(env_key)
-        hparams = {name: jnp.float32(getattr(self.config, name)) for name in SWEEPABLE}
+        hparams = hparams_lib.initial(self.config, self.swept)
         return PPOState(params, opt_state, {}, env, key, jnp.zeros((), jnp.int32), hparams)
 
     def init(self, key: jax.Array) -> PPOState:
@@ -300,9 +310,9 @@ class PPO:
         """Clipped PPO loss of one replica's minibatch ``[n, ...]`` -> ``(loss, aux metrics)``.
 
         ``batch["advantage"]`` is already normalised over the whole (all-replica) minibatch;
-        ``hparams`` holds clip_eps, vf_coef and ent_coef (``PPOState.hparams``).
+        ``hparams``: the swept fields (``PPOState.hparams``), the rest comes from the config.
         """
-        c = types.SimpleNamespace(**hparams, clip_value_loss=self.config.clip_value_loss)
+        c = hparams_lib.resolve(self.config, hparams)
         logits, value = self.network.apply(params, batch["obs"])
         log_prob = distributions.log_prob(logits, batch["action"])
         log_ratio = log_prob - batch["log_prob"]
@@ -335,7 +345,7 @@ class PPO:
         loss_fn = functools.partial(self.loss, hparams=hparams)
         (loss, aux), grads = self.sync.grads(loss_fn, params, minibatch)
         params, opt_state, sync, sync_metrics = self.sync.step(
-            params, opt_state, sync, grads, scale=hparams["lr"]
+            params, opt_state, sync, grads, scale=hparams.get("lr")
         )
         metrics = {**jax.tree.map(jnp.mean, aux), "loss": loss.mean(), **sync_metrics}
         return (params, opt_state, sync), metrics
@@ -350,8 +360,7 @@ class PPO:
 
         def to_minibatches(x):
             # [R, N/R, ...] -> [M, R, N/(R M), ...]: minibatch m takes a slice of every replica.
-            idx = permutations.reshape(replicas, per_replica, *([1] * (x.ndim - 2)))
-            x = jnp.take_along_axis(x, idx, axis=1)
+            x = jax.vmap(lambda rows, p: jnp.take(rows, p, axis=0))(x, permutations)
             x = x.reshape(replicas, c.num_minibatches, -1, *x.shape[2:]).swapaxes(0, 1)
             return constrain(x, None, "replica", rules=self.rules)
 
@@ -371,8 +380,8 @@ class PPO:
             next_values,
             tr.terminated,
             tr.truncated,
-            state.hparams["gamma"],
-            state.hparams["gae_lambda"],
+            hparams_lib.resolve(c, state.hparams).gamma,
+            hparams_lib.resolve(c, state.hparams).gae_lambda,
         )
         samples = {
             "obs": tr.obs,

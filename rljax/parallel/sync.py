@@ -206,6 +206,10 @@ class GradientSync:
         """Per-replica ``value_and_grad``: ``batch`` leaves ``[R@data, n, ...]`` ->
         ``((loss [R], aux [R]), grads [R@data, ...])``."""
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        if self.replicas == 1 and not self.per_replica:
+            # One replica: the plain gradient; a size-1 vmap costs ~5 % of PPO's speed on CPU.
+            out = grad_fn(params, jax.tree.map(lambda x: x[0], batch))
+            return jax.tree.map(lambda x: x[None], out)
         return self.vmap(grad_fn, in_axes=(0 if self.per_replica else None, 0))(params, batch)
 
     # -- collectives --------------------------------------------------------------------------
@@ -214,6 +218,8 @@ class GradientSync:
 
     def _mean(self, grads):
         """``[R@data, ...]`` -> replica mean ``[...]`` with one ``pmean`` over ``data``."""
+        if self.replicas == 1:  # nothing to average
+            return jax.tree.map(lambda g: g[0], grads)
         fn = lambda g: jax.lax.pmean(g, REPLICA_AXIS)  # noqa: E731
         return per_replica(fn, self.replicas, (self._led(self.param_specs),), self.param_specs)(
             grads
