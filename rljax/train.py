@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import types
 from typing import Annotated
 
 import tyro
@@ -98,6 +99,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+class _CallableModule(types.ModuleType):
+    """Importing this module sets the attribute ``rljax.train`` to it, shadowing the function
+    ``rljax.train`` (= ``rljax.training.train``); calling the module calls that function, so
+    ``from rljax import train`` works either way."""
+
+    def __call__(self, *args, **kwargs):
+        from rljax.training import train
+
+        return train(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 
 if __name__ == "__main__":
