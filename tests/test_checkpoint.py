@@ -178,8 +178,9 @@ def test_async_save_is_safe_against_donating_the_state(mesh4, tmp_path):
     bump = jax.jit(lambda s: s.replace(w=s.w + 1.0, v=s.v * 2.0), donate_argnums=0)
     with Checkpointer(tmp_path / "ckpt", async_save=True) as ckpt:
         ckpt.save(5, state, {})
-        new_state = bump(state)  # donation may reuse the saved buffers while the write runs
-        assert state.w.is_deleted()
+        # Donation may reuse the saved buffers while the write runs (jax 0.10 donates here;
+        # jax 0.11 may keep them alive while the save holds them): either way the copy is exact.
+        new_state = bump(state)
         ckpt.wait()
         restored, _ = ckpt.restore(5, abstract_of(new_state))
     assert jax.tree.map(host_bits, restored) == expected
