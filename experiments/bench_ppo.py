@@ -16,7 +16,10 @@ Columns
   compile s        ahead-of-time ``lower().compile()`` wall time (rljax: init + chunk programs);
                    never included in steps/s
   steps/s          ``num_updates * batch_size * num_seeds / seconds`` of the compiled training call
-                   only (state initialised, untimed, before every repeat; best of ``--repeats``)
+                   only (state initialised, untimed, before every repeat; best of ``--repeats``,
+                   the repeats of one seed count alternating between implementations so that
+                   load drift on the machine hits all of them alike)
+  vs purejaxrl     steps/s relative to the PureJaxRL row with the same number of seeds (1 device)
   final return     at the end of training, the return of each env's last completed episode,
                    averaged over envs that completed one, then over seeds (the rljax
                    ``episode_return`` metric; the same quantity is read from PureJaxRL's
@@ -60,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--total-timesteps", type=int, default=500_000, help="env steps per seed")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 8, 64], help="seed counts")
-    p.add_argument("--repeats", type=int, default=2, help="timed runs per row (best is reported)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per row (best is reported)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     p.add_argument(
         "--groups",
@@ -106,17 +109,8 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
     steps_per_seed = cfg.num_updates * cfg.batch_size
     key = jax.random.key(0)
 
-    def timed(fn, fresh_input):
-        """Best-of-``repeats`` wall time of ``fn(fresh_input())``; returns (best, all, output)."""
-        times, out = [], None
-        for _ in range(repeats):
-            arg = jax.block_until_ready(fresh_input())
-            t0 = time.perf_counter()
-            out = jax.block_until_ready(fn(arg))
-            times.append(time.perf_counter() - t0)
-        return min(times), times, out
-
-    def row(impl, mesh, seeds, compile_s, compile_detail, times, best, final_return):
+    def row(impl, mesh, seeds, compile_s, compile_detail, times, final_return):
+        best = min(times)
         steps = steps_per_seed * seeds
         r = {
             "implementation": impl,
@@ -144,37 +138,32 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
         )
         return float(np.mean(per_seed))
 
-    rows: list[dict[str, Any]] = []
-
-    # -- rljax ShardedRun ------------------------------------------------------------------------
-    mesh_spec = SINGLE_MESH if group == "single" else MULTI_MESH
-    mesh = make_mesh(mesh_spec)
-    for seeds in seed_counts:
+    # Each candidate: (implementation, mesh, compile seconds by program, run(input) -> output,
+    # fresh_input() -> input (untimed), final_return(output) -> float).
+    def rljax_candidate(mesh_spec, seeds):
+        mesh = make_mesh(mesh_spec)
         run = ShardedRun(PPO(cfg), mesh, num_seeds=seeds, chunk_size=cfg.num_updates)
         run.compile(key)
-        compile_detail = dict(run.compile_seconds)
-        best, times, (_, metrics) = timed(
-            lambda state, run=run: run.run_chunk(state, cfg.num_updates),
-            lambda run=run: run.init(key),
+        return (
+            "rljax",
+            mesh_spec,
+            dict(run.compile_seconds),
+            lambda state: run.run_chunk(state, cfg.num_updates),
+            lambda: run.init(key),
+            lambda out: float(np.mean(np.asarray(out[1]["episode_return"][-1]))),
         )
-        final = float(np.mean(np.asarray(metrics["episode_return"][-1])))
-        compile_s = sum(compile_detail.values())
-        rows.append(row("rljax", mesh_spec, seeds, compile_s, compile_detail, times, best, final))
 
-    if group != "single":
-        return {"group": group, "rows": rows, **jax_info(jax, cfg)}
-
-    # -- rollout-only ceiling: PPO.rollout scanned over num_updates, vmapped over seeds -----------
-    for seeds in seed_counts:
+    def ceiling_candidate(seeds):
+        """``PPO.rollout`` scanned over ``num_updates`` (no GAE, no SGD), vmapped over seeds."""
         ppo = PPO(cfg)
 
-        def init(k, ppo=ppo, seeds=seeds):
+        def init(k):
             if seeds == 1:
                 return ppo.init(k)
             # lax.map as in ShardedRun: a vmapped orthogonal init (batched CPU QR) can deadlock.
             return jax.lax.map(ppo.init, jax.random.split(k, seeds))
 
-        def act_only(state, ppo=ppo):
+        def act_only(state):
             def body(carry, _):
                 env, k, checksum = carry
                 k, rollout_key = jax.random.split(k)
@@ -188,26 +177,24 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
             return env.stats, checksum
 
         fn = act_only if seeds == 1 else jax.vmap(act_only)
-        with jax.set_mesh(mesh):
-            init_c = jax.jit(init).lower(key).compile()
-            t0 = time.perf_counter()
-            abstract = jax.eval_shape(init, key)
-            fn_c = jax.jit(fn).lower(abstract).compile()
-            compile_s = time.perf_counter() - t0
-            best, times, (stats, _) = timed(fn_c, lambda init_c=init_c: init_c(key))
-        final = masked_mean(stats.last_return, np.asarray(stats.completed) > 0)
-        detail = {"rollout": compile_s}
-        rows.append(
-            row("rollout ceiling", SINGLE_MESH, seeds, compile_s, detail, times, best, final)
+        init_c = jax.jit(init).lower(key).compile()
+        t0 = time.perf_counter()
+        fn_c = jax.jit(fn).lower(jax.eval_shape(init, key)).compile()
+        compile_s = time.perf_counter() - t0
+        return (
+            "rollout ceiling",
+            SINGLE_MESH,
+            {"rollout": compile_s},
+            fn_c,
+            lambda: init_c(key),
+            lambda out: masked_mean(out[0].last_return, np.asarray(out[0].completed) > 0),
         )
 
-    # -- PureJaxRL baseline ------------------------------------------------------------------------
-    sys.path.insert(0, str(REPO_ROOT))
-    from experiments.baselines.purejaxrl_ppo import DEFAULT_CONFIG, make_train
+    def purejaxrl_candidate(seeds):
+        sys.path.insert(0, str(REPO_ROOT))
+        from experiments.baselines.purejaxrl_ppo import DEFAULT_CONFIG, make_train
 
-    pj_cfg = {**DEFAULT_CONFIG, "TOTAL_TIMESTEPS": total_timesteps}
-    for seeds in seed_counts:
-        train = make_train(pj_cfg)
+        train = make_train({**DEFAULT_CONFIG, "TOTAL_TIMESTEPS": total_timesteps})
         if seeds == 1:
             keys = jax.random.key(42)
         else:
@@ -216,12 +203,36 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
         t0 = time.perf_counter()
         train_c = jax.jit(train).lower(keys).compile()
         compile_s = time.perf_counter() - t0
-        best, times, out = timed(train_c, lambda keys=keys: keys)
-        info = out["metrics"]  # leaves [(S,) num_updates, num_steps, num_envs]
-        last = np.asarray(info["returned_episode_returns"][..., -1, -1, :])
-        final = masked_mean(last, last > 0)  # 0 until an env's first episode ends
-        detail = {"train": compile_s}
-        rows.append(row("purejaxrl", SINGLE_MESH, seeds, compile_s, detail, times, best, final))
+
+        def final(out):
+            info = out["metrics"]  # leaves [(S,) num_updates, num_steps, num_envs]
+            last = np.asarray(info["returned_episode_returns"][..., -1, -1, :])
+            return masked_mean(last, last > 0)  # 0 until an env's first episode ends
+
+        return ("purejaxrl", SINGLE_MESH, {"train": compile_s}, train_c, lambda: keys, final)
+
+    rows: list[dict[str, Any]] = []
+    for seeds in seed_counts:
+        if group == "single":
+            candidates = [
+                rljax_candidate(SINGLE_MESH, seeds),
+                ceiling_candidate(seeds),
+                purejaxrl_candidate(seeds),
+            ]
+        else:
+            candidates = [rljax_candidate(MULTI_MESH, seeds)]
+        # Repeats alternate between implementations, so load drift on the machine hits all alike.
+        times: list[list[float]] = [[] for _ in candidates]
+        finals: list[float] = [0.0] * len(candidates)
+        for _ in range(repeats):
+            for i, (_, _, _, fn, fresh_input, final_return) in enumerate(candidates):
+                arg = jax.block_until_ready(fresh_input())
+                t0 = time.perf_counter()
+                out = jax.block_until_ready(fn(arg))
+                times[i].append(time.perf_counter() - t0)
+                finals[i] = final_return(out)
+        for (impl, mesh_spec, detail, *_), t, final in zip(candidates, times, finals, strict=True):
+            rows.append(row(impl, mesh_spec, seeds, sum(detail.values()), detail, t, final))
 
     return {"group": group, "rows": rows, **jax_info(jax, cfg)}
 
@@ -277,14 +288,19 @@ def run_group(group: str, args: argparse.Namespace) -> dict:
 
 
 def markdown_table(rows: list[dict]) -> str:
+    """Rows as markdown; ``vs purejaxrl`` is steps/s over the PureJaxRL row with the same seeds."""
+    baseline = {r["seeds"]: r["steps_per_s"] for r in rows if r["implementation"] == "purejaxrl"}
     lines = [
-        "| implementation | mesh | seeds | compile s | steps/s | final return mean |",
-        "|---|---|--:|--:|--:|--:|",
+        "| implementation | mesh | seeds | compile s | steps/s | vs purejaxrl "
+        "| final return mean |",
+        "|---|---|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
+        ratio = baseline.get(r["seeds"]) if r["mesh"] == SINGLE_MESH else None
+        ratio = f"{r['steps_per_s'] / ratio:.2f}x" if ratio else "-"
         lines.append(
             f"| {r['implementation']} | {r['mesh']} | {r['seeds']} | {r['compile_s']:.2f} "
-            f"| {r['steps_per_s']:,.0f} | {r['final_return_mean']:.1f} |"
+            f"| {r['steps_per_s']:,.0f} | {ratio} | {r['final_return_mean']:.1f} |"
         )
     return "\n".join(lines)
 

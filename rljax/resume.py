@@ -49,6 +49,8 @@ RESUMABLE_RUN_FIELDS = (
     "debug_nonfinite_at",
     "seed",  # the key lives in the checkpoint; the seed only made the initial state
     "tensorboard",
+    "wandb",
+    "wandb_project",
     "eval_every",
     "eval_episodes",
 )

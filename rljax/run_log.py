@@ -6,6 +6,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,20 @@ def default_run_name(algo: str, env: str) -> str:
 class RunLog:
     """Writes one run directory; every write is flushed so a killed run keeps its rows."""
 
-    def __init__(self, run_dir: str | Path, append: bool = False, tensorboard: bool = False):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        append: bool = False,
+        tensorboard: bool = False,
+        wandb_project: str | None = None,
+    ):
         """A fresh run replaces an earlier run's files of the same name; ``append`` continues.
 
         ``tensorboard``: every numeric metric also goes to TensorBoard event files under
-        ``<run_dir>/tensorboard`` (tensorboardX), with the env step as the x axis."""
+        ``<run_dir>/tensorboard`` (tensorboardX), with the env step as the x axis.
+        ``wandb_project``: the same scalars also go to a Weights & Biases run (files under
+        ``<run_dir>/wandb``; offline unless the environment sets ``WANDB_MODE``). Each start or
+        resume is its own wandb run, grouped under the run name."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.dir / "config.json"
@@ -50,6 +60,17 @@ class RunLog:
             from tensorboardX import SummaryWriter
 
             self._tensorboard = SummaryWriter(str(self.tensorboard_dir), flush_secs=10)
+        self._wandb = None
+        if wandb_project is not None:
+            import wandb
+
+            self._wandb = wandb.init(
+                project=wandb_project,
+                group=self.dir.name,
+                name=self.dir.name,
+                dir=str(self.dir),
+                mode=os.environ.get("WANDB_MODE", "offline"),
+            )
 
     def write_config(self, **sections: Any) -> None:
         data = {
@@ -57,6 +78,8 @@ class RunLog:
             for k, v in sections.items()
         }
         self.config_path.write_text(json.dumps(_jsonable_tree(data), indent=2) + "\n")
+        if self._wandb is not None:
+            self._wandb.config.update(_jsonable_tree(data), allow_val_change=True)
 
     def write_extra(self, section: str, value: Any) -> None:
         """Add a section to ``config.json`` (e.g. measured communication)."""
@@ -67,11 +90,18 @@ class RunLog:
     def append(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:
             self._metrics_file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
-            if self._tensorboard is not None:
+            if self._tensorboard is not None or self._wandb is not None:
                 step = int(row["env_steps"])
-                for name, value in row.items():
-                    if name not in ("update", "env_steps") and np.ndim(value) == 0:
-                        self._tensorboard.add_scalar(name, float(value), step)
+                scalars = {
+                    name: float(value)
+                    for name, value in row.items()
+                    if name not in ("update", "env_steps") and np.ndim(value) == 0
+                }
+                if self._tensorboard is not None:
+                    for name, value in scalars.items():
+                        self._tensorboard.add_scalar(name, value, step)
+                if self._wandb is not None:
+                    self._wandb.log({**scalars, "update": int(row["update"])}, step=step)
         self._metrics_file.flush()
         if self._tensorboard is not None:
             self._tensorboard.flush()
@@ -88,6 +118,8 @@ class RunLog:
         self._metrics_file.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.finish()
 
 
 class NullRunLog:

@@ -68,6 +68,10 @@ class RunConfig:
     """evaluation environments (one episode each), sharded like the training batch."""
     tensorboard: bool = False
     """also write metrics as TensorBoard events to <run dir>/tensorboard (needs tensorboardX)."""
+    wandb: bool = False
+    """also log metrics to Weights & Biases, offline unless WANDB_MODE says otherwise (needs
+    wandb; files under <run dir>/wandb, upload later with `wandb sync`)."""
+    wandb_project: str = "rljax"
 
 
 def validate_run(run: RunConfig, mesh: Mesh) -> None:
@@ -91,6 +95,13 @@ def validate_run(run: RunConfig, mesh: Mesh) -> None:
             raise ConfigError(
                 "--tensorboard needs tensorboardX: pip install 'rljax[tensorboard]' "
                 "(or pip install tensorboardX)"
+            ) from None
+    if run.wandb:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "--wandb needs wandb: pip install 'rljax[wandb]' (or pip install wandb)"
             ) from None
     if run.seed_axis == "data" and run.num_seeds % mesh.shape["data"]:
         raise ConfigError(
@@ -205,18 +216,23 @@ class ShardedRun:
         with jax.set_mesh(self.mesh):
             return self._init_jit(replicate(self.mesh, key))
 
+    def abstract_state(self, key: jax.Array):
+        """The state as ``ShapeDtypeStruct`` leaves with shardings (ahead-of-time lowering)."""
+        return jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+            jax.eval_shape(self._init_from_seed_key, key),
+            self.state_shardings,
+        )
+
     def compile(self, key: jax.Array) -> None:
         """Compile init and the chunk runner ahead of time; timings in ``compile_seconds``."""
         with jax.set_mesh(self.mesh):
             t0 = time.perf_counter()
             self._init_jit = self._init_jit.lower(key).compile()
             t1 = time.perf_counter()
-            abstract_state = jax.tree.map(
-                lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                jax.eval_shape(self._init_from_seed_key, key),
-                self.state_shardings,
-            )
-            self._chunk_jit = self._chunk_jit.lower(abstract_state, jnp.int32(0)).compile()
+            self._chunk_jit = self._chunk_jit.lower(
+                self.abstract_state(key), jnp.int32(0)
+            ).compile()
             t2 = time.perf_counter()
         self.compile_seconds = {"init": t1 - t0, "chunk": t2 - t1}
 

@@ -1,9 +1,12 @@
-"""GAE against a plain numpy loop, with terminations and truncations inside the window."""
+"""GAE against a plain numpy loop, with terminations and truncations inside the window; the
+next-state values it bootstraps from against the critic on every final observation."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from rljax.algos.ppo import gae
+from rljax.algos.ppo import PPO, PPOConfig, gae
 
 
 def numpy_gae(rewards, values, next_values, terminated, truncated, gamma, lam):
@@ -56,3 +59,25 @@ def test_truncation_bootstraps_and_termination_does_not():
     adv_term, _ = gae(one, zero, 10 * one, true, false, 0.5, 0.9)
     assert float(adv_trunc[0, 0]) == 6.0
     assert float(adv_term[0, 0]) == 1.0
+
+
+@pytest.mark.parametrize("time_limit", [10, 5])  # >= T: one call on truncation steps; < T: all
+def test_next_values_match_the_critic_on_every_final_observation(time_limit):
+    ppo = PPO(PPOConfig(num_envs=8, num_steps=8))
+    ppo.env.params = ppo.env.params.replace(max_steps_in_episode=time_limit)
+    state = ppo.init(jax.random.key(0))
+    rollout_fn = jax.jit(ppo.rollout)
+    next_values_fn = jax.jit(ppo.next_values)
+    every_final = jax.jit(jax.vmap(ppo.value, in_axes=(None, 0)))
+    env, truncations = state.env, 0
+    for i in range(4):
+        env, rollout = rollout_fn(state.params, env, jax.random.key(i))
+        tr = rollout.transition
+        fast = next_values_fn(state.params, rollout, env.obs)
+        reference = every_final(state.params, tr.final_obs)
+        bootstrapped = ~np.asarray(tr.terminated)  # terminated steps are never bootstrapped
+        np.testing.assert_allclose(
+            np.asarray(fast)[bootstrapped], np.asarray(reference)[bootstrapped], rtol=1e-5
+        )
+        truncations += int(tr.truncated.sum())
+    assert truncations > 0

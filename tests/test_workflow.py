@@ -1,7 +1,9 @@
-"""Research workflow: sweeps in one jit, evaluation, TensorBoard events."""
+"""Research workflow: sweeps in one jit, evaluation, TensorBoard events, wandb (stubbed)."""
 
 import dataclasses
 import struct
+import sys
+import types
 
 import jax
 import numpy as np
@@ -78,7 +80,27 @@ def read_scalars(event_file):
     return scalars
 
 
-def test_tensorboard_events_and_evaluation_rows(tmp_path):
+class FakeWandbRun:
+    """Records what ``RunLog`` sends to ``wandb`` (wandb itself is optional and not installed)."""
+
+    def __init__(self, **init_kwargs):
+        self.init_kwargs, self.logged, self.finished = init_kwargs, [], False
+        self.config_data = {}
+        self.config = types.SimpleNamespace(update=lambda data, **_: self.config_data.update(data))
+
+    def log(self, data, step):
+        self.logged.append((step, data))
+
+    def finish(self):
+        self.finished = True
+
+
+def test_tensorboard_wandb_and_evaluation_rows(tmp_path, monkeypatch):
+    wandb_runs = []
+    fake_wandb = types.ModuleType("wandb")
+    fake_wandb.init = lambda **kwargs: wandb_runs.append(FakeWandbRun(**kwargs)) or wandb_runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
     config = dataclasses.replace(TINY, total_timesteps=4 * 16 * 6)
     run = RunConfig(
         runs_dir=str(tmp_path),
@@ -87,12 +109,20 @@ def test_tensorboard_events_and_evaluation_rows(tmp_path):
         eval_every=3,
         eval_episodes=4,
         tensorboard=True,
+        wandb=True,
         quiet=True,
         measure_comm=False,
     )
     result = train(config, run)
+    (wandb_run,) = wandb_runs
+    assert wandb_run.init_kwargs["mode"] == "offline"
+    assert wandb_run.init_kwargs["dir"] == str(tmp_path / "tb")
+    assert wandb_run.config_data["algo"]["env"] == "CartPole-v1" and wandb_run.finished
+    assert [step for step, _ in wandb_run.logged] == [64 * u for u in range(1, 7)]
+    assert [data["loss"] for _, data in wandb_run.logged] == [r["loss"] for r in result.metrics]
     evaluated = [r["update"] for r in result.metrics if "eval_return" in r]
     assert evaluated == [4, 6]  # first chunk end at or after each multiple of eval_every
+    assert set(result.compile_seconds) == {"init", "chunk", "eval"}  # none inside the timed loop
     (event_file,) = (tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*")
     scalars = read_scalars(event_file)
     assert [step for step, _ in scalars["episode_return"]] == [64 * u for u in range(1, 7)]
@@ -100,3 +130,11 @@ def test_tensorboard_events_and_evaluation_rows(tmp_path):
     np.testing.assert_allclose(
         [v for _, v in scalars["loss"]], [r["loss"] for r in result.metrics], rtol=1e-6
     )
+
+
+def test_missing_wandb_is_one_clear_message_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    run = RunConfig(runs_dir=str(tmp_path), run_name="w", wandb=True, quiet=True)
+    with pytest.raises(ConfigError, match=r"--wandb needs wandb: pip install"):
+        train(TINY, run)
+    assert not (tmp_path / "w").exists()

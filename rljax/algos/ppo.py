@@ -9,8 +9,8 @@ adds shardings, chunking and logging around them. Shapes: ``T = num_steps``, ``B
 ``D`` the flattened observation, ``A`` the number of actions.
 
 Truncation: a time-limit end bootstraps from ``V(final_observation)``; a termination does not.
-The critic is evaluated on every step's ``final_obs`` in one batched call after the rollout, which
-also provides the value of the next observation for steps that did not end an episode.
+After the rollout one batched critic call evaluates the truncation steps' ``final_obs`` (and the
+last observation); every other step's next value is the rollout's own ``V(obs[t+1])``.
 """
 
 from __future__ import annotations
@@ -305,6 +305,28 @@ class PPO:
         keys = jax.random.split(key, self.config.num_steps)
         return jax.lax.scan(step, env, keys)
 
+    def next_values(self, params, rollout: Rollout, last_obs: jax.Array) -> jax.Array:
+        """``V`` of the observation after each step, before any reset: ``[T, B@data]``.
+
+        ``last_obs: [B@data, D]`` is the batch's observation after the rollout. A step that did
+        not end an episode is followed by ``obs[t+1]``, whose value the rollout already holds;
+        only truncated steps need ``V(final_obs)`` (terminated ones are not bootstrapped). With
+        a time limit of at least ``T`` steps (CartPole: 500 >= 128) an environment truncates at
+        most once per rollout, so one critic call on each environment's truncation step replaces
+        one on all ``T x B`` final observations; otherwise every step is evaluated.
+        """
+        tr = rollout.transition
+        num_steps = tr.reward.shape[0]
+        values_of = jax.vmap(self.value, in_axes=(None, 0))  # [K, B@data, D] -> [K, B@data]
+        limit = self.env.time_limit
+        if limit is None or limit < num_steps:
+            return values_of(params, tr.final_obs)
+        step = jnp.argmax(tr.truncated, axis=0)  # [B]: each env's truncation step (0 if none)
+        truncation_obs = jnp.take_along_axis(tr.final_obs, step[None, :, None], axis=0)[0]
+        truncation_value, last_value = values_of(params, jnp.stack([truncation_obs, last_obs]))
+        following = jnp.concatenate([rollout.value[1:], last_value[None]], axis=0)
+        return jnp.where(tr.truncated, truncation_value[None], following)
+
     # -- learning ---------------------------------------------------------------------------------
     def loss(self, params, batch: dict[str, jax.Array], hparams: dict[str, jax.Array]):
         """Clipped PPO loss of one replica's minibatch ``[n, ...]`` -> ``(loss, aux metrics)``.
@@ -373,7 +395,7 @@ class PPO:
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         env, rollout = self.rollout(state.params, state.env, rollout_key)
         tr = rollout.transition
-        next_values = jax.vmap(self.value, in_axes=(None, 0))(state.params, tr.final_obs)
+        next_values = self.next_values(state.params, rollout, env.obs)
         advantages, returns = gae(
             tr.reward,
             rollout.value,

@@ -106,6 +106,12 @@ class BatchedEnv:
         self.num_envs = num_envs
         self.rules = rules
 
+    @property
+    def time_limit(self) -> int | None:
+        """Steps after which an episode is truncated (``None`` when the env has no such field)."""
+        limit = getattr(self.params, "max_steps_in_episode", None)
+        return None if limit is None else int(limit)
+
     def _flat(self, obs):
         return obs.reshape(self.num_envs, -1).astype(jnp.float32)
 
