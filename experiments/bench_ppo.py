@@ -45,8 +45,9 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "experiments" / "results" / "bench_ppo.json"
@@ -85,6 +86,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+class Candidate(NamedTuple):
+    """One implementation compiled for one seed count, ready to be timed."""
+
+    implementation: str
+    mesh: str
+    compile_s: dict[str, float]  # seconds by program
+    run: Callable[[Any], Any]  # input -> output (timed)
+    fresh_input: Callable[[], Any]  # a new input before every repeat (untimed)
+    final_return: Callable[[Any], float]  # output -> final return
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -109,8 +121,8 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
     steps_per_seed = cfg.num_updates * cfg.batch_size
     key = jax.random.key(0)
 
-    def row(impl, mesh, seeds, compile_s, compile_detail, times, final_return):
-        best = min(times)
+    def row(impl, mesh, seeds, compile_detail, times, final_return):
+        best, compile_s = min(times), sum(compile_detail.values())
         steps = steps_per_seed * seeds
         r = {
             "implementation": impl,
@@ -138,19 +150,17 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
         )
         return float(np.mean(per_seed))
 
-    # Each candidate: (implementation, mesh, compile seconds by program, run(input) -> output,
-    # fresh_input() -> input (untimed), final_return(output) -> float).
     def rljax_candidate(mesh_spec, seeds):
         mesh = make_mesh(mesh_spec)
         run = ShardedRun(PPO(cfg), mesh, num_seeds=seeds, chunk_size=cfg.num_updates)
         run.compile(key)
-        return (
+        return Candidate(
             "rljax",
             mesh_spec,
             dict(run.compile_seconds),
-            lambda state: run.run_chunk(state, cfg.num_updates),
-            lambda: run.init(key),
-            lambda out: float(np.mean(np.asarray(out[1]["episode_return"][-1]))),
+            run=lambda state: run.run_chunk(state, cfg.num_updates),
+            fresh_input=lambda: run.init(key),
+            final_return=lambda out: float(np.mean(np.asarray(out[1]["episode_return"][-1]))),
         )
 
     def ceiling_candidate(seeds):
@@ -181,13 +191,15 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
         t0 = time.perf_counter()
         fn_c = jax.jit(fn).lower(jax.eval_shape(init, key)).compile()
         compile_s = time.perf_counter() - t0
-        return (
+        return Candidate(
             "rollout ceiling",
             SINGLE_MESH,
             {"rollout": compile_s},
-            fn_c,
-            lambda: init_c(key),
-            lambda out: masked_mean(out[0].last_return, np.asarray(out[0].completed) > 0),
+            run=fn_c,
+            fresh_input=lambda: init_c(key),
+            final_return=lambda out: masked_mean(
+                out[0].last_return, np.asarray(out[0].completed) > 0
+            ),
         )
 
     def purejaxrl_candidate(seeds):
@@ -209,7 +221,8 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
             last = np.asarray(info["returned_episode_returns"][..., -1, -1, :])
             return masked_mean(last, last > 0)  # 0 until an env's first episode ends
 
-        return ("purejaxrl", SINGLE_MESH, {"train": compile_s}, train_c, lambda: keys, final)
+        detail = {"train": compile_s}
+        return Candidate("purejaxrl", SINGLE_MESH, detail, train_c, lambda: keys, final)
 
     rows: list[dict[str, Any]] = []
     for seeds in seed_counts:
@@ -225,14 +238,14 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
         times: list[list[float]] = [[] for _ in candidates]
         finals: list[float] = [0.0] * len(candidates)
         for _ in range(repeats):
-            for i, (_, _, _, fn, fresh_input, final_return) in enumerate(candidates):
-                arg = jax.block_until_ready(fresh_input())
+            for i, c in enumerate(candidates):
+                arg = jax.block_until_ready(c.fresh_input())
                 t0 = time.perf_counter()
-                out = jax.block_until_ready(fn(arg))
+                out = jax.block_until_ready(c.run(arg))
                 times[i].append(time.perf_counter() - t0)
-                finals[i] = final_return(out)
-        for (impl, mesh_spec, detail, *_), t, final in zip(candidates, times, finals, strict=True):
-            rows.append(row(impl, mesh_spec, seeds, sum(detail.values()), detail, t, final))
+                finals[i] = c.final_return(out)
+        for c, t, final in zip(candidates, times, finals, strict=True):
+            rows.append(row(c.implementation, c.mesh, seeds, c.compile_s, t, final))
 
     return {"group": group, "rows": rows, **jax_info(jax, cfg)}
 

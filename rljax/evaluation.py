@@ -28,7 +28,7 @@ class Evaluator:
         self.algo = algo
         self.greedy = greedy
         self.env = BatchedEnv(algo.config.env, num_envs, algo.rules)
-        self.num_steps = int(getattr(self.env.params, "max_steps_in_episode", DEFAULT_EVAL_STEPS))
+        self.num_steps = self.env.time_limit or DEFAULT_EVAL_STEPS
 
     def __call__(self, params, key: jax.Array) -> dict[str, jax.Array]:
         params = self.algo.sync.acting_params(params)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import time
 from typing import Any, Literal
 
@@ -88,21 +89,16 @@ def validate_run(run: RunConfig, mesh: Mesh) -> None:
             f"eval_episodes={run.eval_episodes} must be a positive multiple of the data axis "
             f"size {data} (evaluation environments are sharded like the training batch)"
         )
-    if run.tensorboard:
-        try:
-            import tensorboardX  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                "--tensorboard needs tensorboardX: pip install 'rljax[tensorboard]' "
-                "(or pip install tensorboardX)"
-            ) from None
-    if run.wandb:
-        try:
-            import wandb  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                "--wandb needs wandb: pip install 'rljax[wandb]' (or pip install wandb)"
-            ) from None
+    optional = {"tensorboard": "tensorboardX", "wandb": "wandb"}  # flag = the rljax extra
+    for flag, module in optional.items():
+        if getattr(run, flag):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                raise ConfigError(
+                    f"--{flag} needs {module}: pip install 'rljax[{flag}]' "
+                    f"(or pip install {module})"
+                ) from None
     if run.seed_axis == "data" and run.num_seeds % mesh.shape["data"]:
         raise ConfigError(
             f"seed_axis='data' needs num_seeds ({run.num_seeds}) divisible by the data axis size "

@@ -316,10 +316,9 @@ class PPO:
         one on all ``T x B`` final observations; otherwise every step is evaluated.
         """
         tr = rollout.transition
-        num_steps = tr.reward.shape[0]
         values_of = jax.vmap(self.value, in_axes=(None, 0))  # [K, B@data, D] -> [K, B@data]
         limit = self.env.time_limit
-        if limit is None or limit < num_steps:
+        if limit is None or limit < self.config.num_steps:
             return values_of(params, tr.final_obs)
         step = jnp.argmax(tr.truncated, axis=0)  # [B]: each env's truncation step (0 if none)
         truncation_obs = jnp.take_along_axis(tr.final_obs, step[None, :, None], axis=0)[0]
