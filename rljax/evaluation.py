@@ -27,11 +27,11 @@ class Evaluator:
             raise ConfigError(f"eval_episodes must be >= 1, got {num_envs}")
         self.algo = algo
         self.greedy = greedy
-        self.env = BatchedEnv(algo.config.env, num_envs, algo.rules)
+        self.env = BatchedEnv(algo.config.env, num_envs)
         self.num_steps = self.env.time_limit or DEFAULT_EVAL_STEPS
 
     def __call__(self, params, key: jax.Array) -> dict[str, jax.Array]:
-        params = self.algo.sync.acting_params(params)
+        params = self.algo.acting_params(params)
         reset_key, steps_key = jax.random.split(key)
         batch = self.env.reset(reset_key)
         num_envs = self.env.num_envs

@@ -21,15 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rljax.algos import ALGORITHMS
+from rljax.algos import algorithm_for
 from rljax.errors import ConfigError
-from rljax.parallel import make_mesh, set_num_cpu_devices
-from rljax.parallel.sharding import (
-    LOGICAL_RULES,
-    logical_specs_to_shardings,
-    prepend_axis,
-    rules_with,
-)
+from rljax.parallel import Layout, make_mesh, set_num_cpu_devices
+from rljax.parallel.rules import RULES, Rules, prepend_axis, rules_with
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,20 +101,22 @@ def validate_run(run: RunConfig, mesh: Mesh) -> None:
         )
 
 
-def rules_for(run: RunConfig) -> dict[str, str | None]:
+def rules_for(run: RunConfig) -> Rules:
     """Seeds on `data` take the axis from the environment batch."""
     if run.seed_axis == "data":
         return rules_with(seed="data", batch=None, replica=None)
-    return dict(LOGICAL_RULES)
+    return RULES
 
 
-def state_shardings(algo, mesh: Mesh, num_seeds: int = 1):
+def state_shardings(algo, layout, num_seeds: int = 1):
     """The ``NamedSharding`` of every leaf of ``algo``'s training state (parameters, optimizer
-    moments, environment batch, keys, counters) under ``algo.rules``; seeds add a leading axis."""
-    specs = algo.logical_specs()
+    moments, environment batch, keys, counters) under the layout; seeds add a leading axis."""
+    if isinstance(layout, Mesh):
+        layout = Layout(layout)
+    specs = algo.state_specs()
     if num_seeds > 1:
         specs = prepend_axis(specs, "seed")
-    return logical_specs_to_shardings(specs, mesh, algo.rules)
+    return layout.shardings(specs)
 
 
 def replicate(mesh: Mesh, tree):
@@ -149,14 +146,17 @@ class ShardedRun:
     With ``num_seeds > 1`` every leaf of the state gains a leading seed axis ``[S@seed_rule]``.
     """
 
-    def __init__(self, algo, mesh: Mesh, num_seeds: int = 1, chunk_size: int = 25):
+    def __init__(
+        self, algo, mesh: Mesh, num_seeds: int = 1, chunk_size: int = 25, rules: Rules = RULES
+    ):
         self.algo = algo
         self.mesh = mesh
+        self.layout = Layout(mesh, rules)
         self.num_seeds = num_seeds
         self.chunk_size = chunk_size
-        self.state_shardings = state_shardings(algo, mesh, num_seeds)
+        self.state_shardings = state_shardings(algo, self.layout, num_seeds)
         if num_seeds > 1:
-            seed_mesh_axis = algo.rules["seed"]
+            seed_mesh_axis = dict(self.layout.rules)["seed"]
             self._update = jax.vmap(algo.update, spmd_axis_name=seed_mesh_axis)
             # lax.map, not vmap: a vmapped orthogonal init becomes a batched LAPACK QR, whose
             # CPU kernel in jaxlib 0.10 can deadlock in its thread pool (seen on 2 cores).
@@ -184,7 +184,7 @@ class ShardedRun:
                 return state.replace(hparams={**state.hparams, **hparams})
 
             self._init_members_jit = jax.jit(init, out_shardings=self.state_shardings)
-        with jax.set_mesh(self.mesh):
+        with self.layout.active():
             return self._init_members_jit(*replicate(self.mesh, (keys, hparams)))
 
     def _init_from_seed_key(self, key):
@@ -209,7 +209,7 @@ class ShardedRun:
         return jax.lax.fori_loop(0, num_updates, body, (state, buffer))
 
     def init(self, key: jax.Array):
-        with jax.set_mesh(self.mesh):
+        with self.layout.active():
             return self._init_jit(replicate(self.mesh, key))
 
     def abstract_state(self, key: jax.Array):
@@ -222,7 +222,7 @@ class ShardedRun:
 
     def compile(self, key: jax.Array) -> None:
         """Compile init and the chunk runner ahead of time; timings in ``compile_seconds``."""
-        with jax.set_mesh(self.mesh):
+        with self.layout.active():
             t0 = time.perf_counter()
             self._init_jit = self._init_jit.lower(key).compile()
             t1 = time.perf_counter()
@@ -245,7 +245,7 @@ class ShardedRun:
     def run_chunk(self, state, num_updates: int):
         if not 0 < num_updates <= self.chunk_size:
             raise ValueError(f"num_updates must be in [1, {self.chunk_size}], got {num_updates}")
-        with jax.set_mesh(self.mesh):
+        with self.layout.active():
             return self._chunk_jit(state, replicate(self.mesh, jnp.int32(num_updates)))
 
 
@@ -260,7 +260,7 @@ def communication(algo, mesh: Mesh) -> dict[str, dict[str, float]]:
     from rljax.parallel.comm import collectives
 
     shardings = state_shardings(algo, mesh, 1)
-    with jax.set_mesh(mesh):
+    with Layout(mesh).active():
         abstract = jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
             jax.eval_shape(algo.init, jax.random.key(0)),
@@ -284,17 +284,12 @@ def comm_bytes_per_update(comm: dict, optimizer_steps, syncs) -> dict[str, float
 
 
 def algorithm_name(algo_config) -> str:
-    for name, algorithm in ALGORITHMS.items():
-        if isinstance(algo_config, algorithm.config_type):
-            return name
-    raise ConfigError(
-        f"unknown algorithm config {type(algo_config).__name__}; known: {sorted(ALGORITHMS)}"
-    )
+    return algorithm_for(algo_config).name
 
 
 def prepare(algo_config, run: RunConfig, swept: tuple[str, ...] = ()) -> tuple[Mesh, Any]:
     """Validate everything and build mesh and algorithm; raises ``ConfigError`` before compiling."""
-    algorithm = ALGORITHMS[algorithm_name(algo_config)]
+    algorithm = algorithm_for(algo_config)
     if run.num_devices is not None:
         set_num_cpu_devices(run.num_devices)
     mesh = make_mesh(run.mesh)
@@ -307,6 +302,7 @@ def prepare(algo_config, run: RunConfig, swept: tuple[str, ...] = ()) -> tuple[M
     validate_run(run, mesh)
     # One data-parallel replica per data shard; seeds on `data` leave each seed's environment
     # batch whole on its data shard (one replica).
-    replicas = 1 if run.seed_axis == "data" else mesh.shape["data"]
-    algorithm.validate(algo_config, replicas, mesh.shape["model"])
-    return mesh, algorithm.build(algo_config, rules_for(run), replicas, swept=swept)
+    layout = Layout(mesh, rules_for(run))
+    replicas = layout.shards("replica")
+    algorithm.validate(algo_config, layout.shards("batch"), layout.shards("mlp"))
+    return mesh, algorithm(algo_config, replicas=replicas, swept=swept)

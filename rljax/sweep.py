@@ -50,7 +50,7 @@ class SweepResult:
 def settings_of(algo_config, grid: Mapping[str, Sequence[float]]) -> list[dict[str, float]]:
     """The grid's settings (product, in the given field order), validated."""
     name = algorithm_name(algo_config)
-    sweepable = ALGORITHMS[name].sweepable
+    sweepable = ALGORITHMS[name].sweepable()
     if not grid:
         raise ConfigError(f"empty sweep grid; give values for some of {', '.join(sweepable)}")
     fields = {f.name for f in dataclasses.fields(algo_config)}

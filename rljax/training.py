@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rljax.errors import ConfigError, TrainingError
 from rljax.evaluation import Evaluator
 from rljax.parallel import mesh_spec_of
-from rljax.parallel.sharding import prepend_axis
+from rljax.parallel.rules import prepend_axis, rules_with
 from rljax.resume import (
     abstract_state,
     check_compatible,
@@ -46,7 +46,6 @@ from rljax.resume import (
 )
 from rljax.run_log import NullRunLog, RunLog, default_run_name, plot_learning_curve
 from rljax.runner import (
-    ALGORITHMS,
     RunConfig,
     ShardedRun,
     algorithm_name,
@@ -183,7 +182,7 @@ class _Session:
 
         self.ckpt = Checkpointer(checkpoints, keep=run.keep_checkpoints)
         chunk = min(run.log_every, algo_config.num_updates)
-        self.sharded = ShardedRun(self.algo, self.mesh, run.num_seeds, chunk)
+        self.sharded = ShardedRun(self.algo, self.mesh, run.num_seeds, chunk, rules_for(run))
         self.evaluate = None
         if run.eval_every:
             evaluator = Evaluator(self.algo, run.eval_episodes)
@@ -203,13 +202,13 @@ class _Session:
             return
         t0 = time.perf_counter()
         params = self.sharded.abstract_state(key).params
-        with jax.set_mesh(self.mesh):
+        with self.sharded.layout.active():
             self.evaluate = self.evaluate.lower(params, self._eval_key(0)).compile()
         self.sharded.compile_seconds["eval"] = time.perf_counter() - t0
 
     def evaluation(self, state, update: int) -> dict[str, float]:
         """Greedy evaluation after ``update``; the key depends only on the seed and the update."""
-        with jax.set_mesh(self.mesh):
+        with self.sharded.layout.active():
             result = self.evaluate(state.params, self._eval_key(update))
         return {k: float(np.mean(_to_host(v))) for k, v in result.items()}
 
@@ -253,18 +252,20 @@ class _Session:
             return step, state
         # Another data size: restore the old replica layout (replica axis unsharded), then
         # average it over the old replicas and place it on the new ones.
-        rules = {**rules_for(self.run), "replica": None}
-        old_algo = ALGORITHMS[self.name].build(self.algo_config, rules, saved_replicas)
-        old_run = ShardedRun(old_algo, self.mesh, self.run.num_seeds, self.sharded.chunk_size)
+        rules = rules_with(rules_for(self.run), replica=None)
+        old_algo = self.algo.rebuild(replicas=saved_replicas)
+        old_run = ShardedRun(
+            old_algo, self.mesh, self.run.num_seeds, self.sharded.chunk_size, rules
+        )
         old_state, _ = self.ckpt.restore(step, abstract_state(old_run))
-        specs = old_algo.logical_specs()
+        specs = old_algo.state_specs()
         if self.run.num_seeds > 1:
             specs = prepend_axis(specs, "seed")
         resize = jax.jit(
             lambda s: resize_replicas(s, specs, self.algo.replicas),
             out_shardings=self.sharded.state_shardings,
         )
-        with jax.set_mesh(self.mesh):
+        with self.sharded.layout.active():
             return step, resize(old_state)
 
     def close(self) -> None:
@@ -398,7 +399,7 @@ def _poison(s: _Session, state):
     """Fault injection for tests (``debug_nonfinite_at``): NaN parameters."""
     shardings = s.sharded.state_shardings.params
     poison = jax.jit(lambda p: jax.tree.map(lambda x: x * jnp.nan, p), out_shardings=shardings)
-    with jax.set_mesh(s.mesh):
+    with s.sharded.layout.active():
         return state.replace(params=poison(state.params))
 
 
@@ -425,7 +426,7 @@ def _rollback(s: _Session, problem, rollbacks: int):
         warnings.simplefilter("default")
         done, state = s.restore_latest()
     state = _fresh_keys(state, rollbacks)
-    with jax.set_mesh(s.mesh):
+    with s.sharded.layout.active():
         state = jax.device_put(state, s.sharded.state_shardings)
     s.log.truncate(done)
     s.say(

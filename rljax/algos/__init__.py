@@ -1,23 +1,33 @@
-"""Algorithms as pure functions over pytree training states."""
+"""Algorithms as pure functions over pytree training states, and their registry.
 
-from typing import Any, NamedTuple
+``ALGORITHMS`` maps a name to an ``Algorithm`` subclass; the CLI's subcommands, saved runs and
+``train(config)`` look algorithms up here. Adding one: a module + one line below.
+"""
 
-from rljax.algos import dqn, ppo
+from __future__ import annotations
+
+from rljax.algos.base import Algorithm
 from rljax.algos.dqn import DQN, DQNConfig, DQNState
 from rljax.algos.ppo import PPO, PPOConfig, PPOState, gae
+from rljax.errors import ConfigError
 
-
-class Algorithm(NamedTuple):
-    config_type: type
-    build: Any  # (config, rules, replicas) -> algorithm with init / update / logical_specs
-    validate: Any  # (config, data_size, model_size) -> None, raises ConfigError
-    sweepable: tuple[str, ...]  # float config fields held in the state's traced hparams
-
-
-ALGORITHMS = {
-    "ppo": Algorithm(PPOConfig, PPO, ppo.validate, ppo.SWEEPABLE),
-    "dqn": Algorithm(DQNConfig, DQN, dqn.validate, dqn.SWEEPABLE),
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    "ppo": PPO,
+    "dqn": DQN,
 }
+
+
+def algorithm_for(config) -> type[Algorithm]:
+    """The registered algorithm whose config type is exactly ``type(config)``."""
+    for algorithm in ALGORITHMS.values():
+        if type(config) is algorithm.config_type:
+            return algorithm
+    raise ConfigError(
+        f"no registered algorithm takes a {type(config).__name__} (registered: "
+        f"{', '.join(f'{n}: {a.config_type.__name__}' for n, a in ALGORITHMS.items())}); "
+        "for your own algorithm class pass an instance, e.g. train(MyPPO(MyPPOConfig()))"
+    )
+
 
 __all__ = [
     "ALGORITHMS",
@@ -28,5 +38,6 @@ __all__ = [
     "PPO",
     "PPOConfig",
     "PPOState",
+    "algorithm_for",
     "gae",
 ]

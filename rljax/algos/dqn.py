@@ -22,26 +22,22 @@ PureJaxRL and CleanRL.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
 
-from rljax.algos import hparams as hparams_lib
+from rljax.algos.base import Algorithm, adam, check_divisible, episode_metrics, resumable
+from rljax.algos.base import sweepable as sweepable_field
 from rljax.buffers import ReplayBuffer, add, init_buffer, sample, update_priorities
 from rljax.buffers.replay import buffer_logical_specs
-from rljax.envs import BatchedEnv, EnvBatch, check_env_name
+from rljax.envs import EnvBatch, check_env_name
 from rljax.errors import ConfigError
 from rljax.networks import QNetwork
-from rljax.networks.mlp import check_tensor_parallel, init_dummy_obs
-from rljax.parallel.sharding import LOGICAL_RULES, LogicalRules, batch_spec_like, constrain
-from rljax.parallel.sync import GradientSync, SyncConfig, validate_sync
-
-# Float fields a sweep can hold in ``DQNState.hparams`` (traced) and vmap over.
-SWEEPABLE = ("lr", "gamma", "tau")
+from rljax.networks.mlp import check_tensor_parallel
+from rljax.parallel.sync import SyncConfig, validate_sync
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +48,7 @@ class DQNConfig:
     """gymnax environment with discrete actions."""
     num_envs: int = 10
     """parallel environments (sharded along `data`, each shard with its own replay rows)."""
-    total_timesteps: int = 500_000
+    total_timesteps: int = resumable(500_000)
     """environment steps per seed; rounded down to whole updates."""
     steps_per_update: int = 50
     """vector env steps per `update` call (one metrics row)."""
@@ -66,16 +62,18 @@ class DQNConfig:
     """environment steps per gradient step (divides num_envs or is a multiple of it)."""
     target_update_interval: int = 500
     """environment steps between target-network updates."""
-    tau: float = 1.0
+    tau: float = sweepable_field(1.0)
     """target update: 1 copies the online network (hard), < 1 is Polyak averaging."""
-    gamma: float = 0.99
+    gamma: float = sweepable_field(0.99)
+    """discount."""
     n_step: int = 1
     """n-step returns (windows cut at episode ends)."""
     double_dqn: bool = False
     """select the next action with the online network, evaluate it with the target network."""
     dueling: bool = False
     loss: Literal["mse", "huber"] = "mse"
-    lr: float = 2.5e-4
+    lr: float = sweepable_field(2.5e-4)
+    """Adam learning rate."""
     lr_decay: bool = False
     """linear decay of the learning rate to 0 over training."""
     max_grad_norm: float = 0.0
@@ -110,96 +108,40 @@ class DQNConfig:
         return self.num_envs // self.train_frequency
 
 
-def validate(config: DQNConfig, data_size: int = 1, model_size: int = 1) -> None:
-    """Raise ``ConfigError`` naming the first invalid field; called before anything compiles."""
-    c = config
-    check_env_name(c.env)
-    for name in (
-        "num_envs",
-        "total_timesteps",
-        "steps_per_update",
-        "buffer_size",
-        "batch_size",
-        "train_frequency",
-        "target_update_interval",
-        "n_step",
-    ):
-        if getattr(c, name) < 1:
-            raise ConfigError(f"{name} must be >= 1, got {getattr(c, name)}")
-    for name in ("learning_starts", "epsilon_decay_steps", "max_grad_norm", "per_alpha"):
-        if getattr(c, name) < 0:
-            raise ConfigError(f"{name} must be >= 0, got {getattr(c, name)}")
-    if not c.lr > 0:
-        raise ConfigError(f"lr (learning rate) must be > 0, got {c.lr}")
-    for name in ("epsilon_start", "epsilon_end", "gamma", "per_beta"):
-        if not 0.0 <= getattr(c, name) <= 1.0:
-            raise ConfigError(f"{name} must be in [0, 1], got {getattr(c, name)}")
-    if not 0.0 < c.tau <= 1.0:
-        raise ConfigError(f"tau must be in (0, 1] (1 = hard target update), got {c.tau}")
-    if c.num_envs % data_size:
-        raise ConfigError(
-            f"num_envs={c.num_envs} is not divisible by the data axis size {data_size}; "
-            f"use a multiple of {data_size}"
-        )
-    if c.batch_size % data_size:
-        raise ConfigError(
-            f"batch_size={c.batch_size} is not divisible by the data axis size {data_size} "
-            f"(each data shard samples batch_size / {data_size} from its own replay rows)"
-        )
-    if c.buffer_size % c.num_envs or c.buffer_size < c.num_envs:
-        raise ConfigError(
-            f"buffer_size={c.buffer_size} must be a positive multiple of num_envs={c.num_envs} "
-            "(one ring per environment)"
-        )
-    if c.buffer_size < c.batch_size:
-        raise ConfigError(
-            f"buffer_size={c.buffer_size} is smaller than batch_size={c.batch_size}; the replay "
-            "buffer must hold at least one batch"
-        )
-    if c.n_step > c.buffer_size // c.num_envs:
-        raise ConfigError(
-            f"n_step={c.n_step} exceeds the items kept per environment "
-            f"(buffer_size / num_envs = {c.buffer_size // c.num_envs})"
-        )
-    if c.num_envs % c.train_frequency and c.train_frequency % c.num_envs:
-        raise ConfigError(
-            f"train_frequency={c.train_frequency} must divide num_envs={c.num_envs} or be a "
-            "multiple of it (gradient steps happen between vector env steps)"
-        )
-    if c.num_updates < 1:
-        raise ConfigError(
-            f"total_timesteps={c.total_timesteps} is less than one update "
-            f"(num_envs*steps_per_update={c.env_steps_per_update})"
-        )
-    if c.learning_starts >= c.total_timesteps:
-        raise ConfigError(
-            f"learning_starts={c.learning_starts} is not below total_timesteps="
-            f"{c.total_timesteps}: the run would never learn"
-        )
-    # Every sampled window must lie in written steps: learning_starts fills n_step per row.
-    if c.learning_starts < c.n_step * c.num_envs:
-        raise ConfigError(
-            f"learning_starts={c.learning_starts} must be >= n_step * num_envs = "
-            f"{c.n_step * c.num_envs} so that whole n-step windows exist before sampling"
-        )
-    validate_sync(c.sync)
-    check_tensor_parallel({"q": c.q_widths}, model_size)
-
-
 @struct.dataclass
 class DQNState:
     """``params``/``target_params``/``opt_state`` are ``[R@data, ...]`` for local/adaptive sync."""
 
     params: Any
-    target_params: Any
+    target_params: Any  # same layout as params
     opt_state: Any
     sync: dict[str, Any]
     env: EnvBatch
-    buffer: ReplayBuffer  # leaves [B@data, K, ...]
+    buffer: ReplayBuffer  # leaves [B@batch, K, ...]
     key: jax.Array
     update_step: jax.Array  # int32: update() calls done
     env_steps: jax.Array  # int32: environment steps done (all envs)
     hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
+
+
+class ReplayItem(NamedTuple):
+    """One stored vector step, leaves ``[B@batch, ...]`` (a sampled window: ``[N, n, ...]``)."""
+
+    obs: jax.Array  # [B, D] the observation acted on
+    action: jax.Array  # [B] int32
+    reward: jax.Array  # [B]
+    terminated: jax.Array  # [B] bool
+    truncated: jax.Array  # [B] bool
+    final_obs: jax.Array  # [B, D] the step's last observation, before any reset
+
+
+class DQNBatch(NamedTuple):
+    """One replica's samples for the TD loss, leaves ``[n, ...]``."""
+
+    obs: jax.Array  # [n, D]
+    action: jax.Array  # [n] int32
+    target: jax.Array  # [n] n-step TD target
+    weight: jax.Array  # [n] importance weight (ones when uniform)
 
 
 def nstep_return(rewards, terminated, truncated, gamma: float):
@@ -237,102 +179,134 @@ def td_loss(error: jax.Array, kind: str) -> jax.Array:
     return jnp.square(error)
 
 
-class DQN:
+class DQN(Algorithm):
     """DQN built from a config; methods are pure functions of their array arguments.
 
-    ``replicas`` data-parallel replicas (the mesh's data axis size) each own ``num_envs / R``
-    environments and their replay rows and sample ``batch_size / R`` per gradient step.
+    Each of the ``replicas`` data-parallel replicas owns ``num_envs / R`` environments and their
+    replay rows and samples ``batch_size / R`` per gradient step.
     """
 
-    def __init__(
-        self,
-        config: DQNConfig,
-        rules: LogicalRules = LOGICAL_RULES,
-        replicas: int = 1,
-        swept: tuple[str, ...] = (),
-    ):
-        """``swept``: fields of ``SWEEPABLE`` held as traced ``state.hparams`` (sweeps)."""
-        self.config = c = config
-        self.rules = dict(rules)
-        self.replicas = replicas
-        self.swept = hparams_lib.check_swept(swept, SWEEPABLE, "dqn")
-        self.env = BatchedEnv(c.env, c.num_envs, self.rules)
-        self.network = QNetwork(
+    name = "dqn"
+    config_type = DQNConfig
+
+    @classmethod
+    def validate(cls, config: DQNConfig, batch_shards: int = 1, mlp_shards: int = 1) -> None:
+        super().validate(config, batch_shards, mlp_shards)
+        c = config
+        check_env_name(c.env)
+        for name in (
+            "num_envs",
+            "total_timesteps",
+            "steps_per_update",
+            "buffer_size",
+            "batch_size",
+            "train_frequency",
+            "target_update_interval",
+            "n_step",
+        ):
+            if getattr(c, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(c, name)}")
+        for name in ("learning_starts", "epsilon_decay_steps", "max_grad_norm", "per_alpha"):
+            if getattr(c, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(c, name)}")
+        if not c.lr > 0:
+            raise ConfigError(f"lr (learning rate) must be > 0, got {c.lr}")
+        for name in ("epsilon_start", "epsilon_end", "gamma", "per_beta"):
+            if not 0.0 <= getattr(c, name) <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(c, name)}")
+        if not 0.0 < c.tau <= 1.0:
+            raise ConfigError(f"tau must be in (0, 1] (1 = hard target update), got {c.tau}")
+        check_divisible("num_envs", c.num_envs, batch_shards, "(the data-parallel replicas)")
+        check_divisible(
+            "batch_size", c.batch_size, batch_shards,
+            "(each data-parallel replica samples its share from its own replay rows)",
+        )
+        if c.buffer_size % c.num_envs or c.buffer_size < c.num_envs:
+            raise ConfigError(
+                f"buffer_size={c.buffer_size} must be a positive multiple of num_envs={c.num_envs} "
+                "(one ring per environment)"
+            )
+        if c.buffer_size < c.batch_size:
+            raise ConfigError(
+                f"buffer_size={c.buffer_size} is smaller than batch_size={c.batch_size}; the "
+                "replay buffer must hold at least one batch"
+            )
+        if c.n_step > c.buffer_size // c.num_envs:
+            raise ConfigError(
+                f"n_step={c.n_step} exceeds the items kept per environment "
+                f"(buffer_size / num_envs = {c.buffer_size // c.num_envs})"
+            )
+        if c.num_envs % c.train_frequency and c.train_frequency % c.num_envs:
+            raise ConfigError(
+                f"train_frequency={c.train_frequency} must divide num_envs={c.num_envs} or be a "
+                "multiple of it (gradient steps happen between vector env steps)"
+            )
+        if c.num_updates < 1:
+            raise ConfigError(
+                f"total_timesteps={c.total_timesteps} is less than one update "
+                f"(num_envs*steps_per_update={c.env_steps_per_update})"
+            )
+        if c.learning_starts >= c.total_timesteps:
+            raise ConfigError(
+                f"learning_starts={c.learning_starts} is not below total_timesteps="
+                f"{c.total_timesteps}: the run would never learn"
+            )
+        # Every sampled window must lie in written steps: learning_starts fills n_step per row.
+        if c.learning_starts < c.n_step * c.num_envs:
+            raise ConfigError(
+                f"learning_starts={c.learning_starts} must be >= n_step * num_envs = "
+                f"{c.n_step * c.num_envs} so that whole n-step windows exist before sampling"
+            )
+        validate_sync(c.sync)
+        check_tensor_parallel({"q": c.q_widths}, mlp_shards)
+
+    def build_network(self) -> QNetwork:
+        c = self.config
+        return QNetwork(
             num_actions=self.env.spec.num_actions,
             widths=c.q_widths,
             activation=c.activation,
             dueling=c.dueling,
-            rules=tuple(self.rules.items()),
         )
+
+    def build_optimizer(self):
+        c = self.config
         total_grad_steps = max(1, (c.total_timesteps - c.learning_starts) // c.train_frequency)
-        chain = [optax.clip_by_global_norm(c.max_grad_norm)] if c.max_grad_norm > 0 else []
-        if "lr" in self.swept:  # unit rate; the traced learning rate scales the update
-            chain.append(optax.scale_by_adam())
-            unit = optax.linear_schedule(-1.0, 0.0, total_grad_steps) if c.lr_decay else None
-            chain.append(optax.scale_by_schedule(unit) if unit else optax.scale(-1.0))
-        else:
-            lr = optax.linear_schedule(c.lr, 0.0, total_grad_steps) if c.lr_decay else c.lr
-            chain.append(optax.adam(lr))
-        self.optimizer = optax.chain(*chain)
-        boxed_params = jax.eval_shape(self._init_params, jax.random.key(0))
-        self.sync = GradientSync(c.sync, self.optimizer, replicas, boxed_params, self.rules)
+        decay = optax.linear_schedule(1.0, 0.0, total_grad_steps) if c.lr_decay else None
+        return adam(
+            c.lr, max_grad_norm=c.max_grad_norm, decay=decay, traced_lr="lr" in self.swept
+        )
 
-    # -- initialisation ---------------------------------------------------------------------------
-    def _init_params(self, key):
-        return self.network.init(key, init_dummy_obs((self.env.spec.obs_dim,)))
-
-    def _buffer_item(self, obs):
-        """One stored env step, leaves ``[B, ...]``."""
+    def _buffer_item(self, obs) -> ReplayItem:
         b = self.config.num_envs
-        return {
-            "obs": obs,
-            "action": jnp.zeros((b,), jnp.int32),
-            "reward": jnp.zeros((b,), jnp.float32),
-            "terminated": jnp.zeros((b,), bool),
-            "truncated": jnp.zeros((b,), bool),
-            "final_obs": obs,
-        }
+        flags = jnp.zeros((b,), bool)
+        return ReplayItem(
+            obs, jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.float32), flags, flags, obs
+        )
 
     def init_boxed(self, key: jax.Array) -> DQNState:
-        """One replica's state, parameters and optimizer moments in logical-axis boxes."""
         c = self.config
         net_key, env_key, key = jax.random.split(key, 3)
-        params = self._init_params(net_key)
+        params = self.init_params(net_key)
         env = self.env.reset(env_key)
-        buffer = init_buffer(
-            self._buffer_item(env.obs), c.buffer_size, c.prioritized, rules=self.rules
-        )
+        buffer = init_buffer(self._buffer_item(env.obs), c.buffer_size, c.prioritized)
         zero = jnp.zeros((), jnp.int32)
-        hparams = hparams_lib.initial(c, self.swept)
-        return DQNState(
-            params, params, self.optimizer.init(params), {}, env, buffer, key, zero, zero, hparams
-        )
+        opt_state = self.optimizer.init(params)
+        hparams = self.initial_hparams()
+        return DQNState(params, params, opt_state, {}, env, buffer, key, zero, zero, hparams)
 
-    def init(self, key: jax.Array) -> DQNState:
-        """``key`` -> a fresh ``DQNState`` (plain arrays, in the sync strategy's layout)."""
-        state = nn.meta.unbox(self.init_boxed(key))
-        params, opt_state, sync = self.sync.init(state.params, state.opt_state)
-        target = params  # the target network starts as a copy, in the same layout
-        return state.replace(params=params, target_params=target, opt_state=opt_state, sync=sync)
+    def with_learner(self, state, params, opt_state, sync):
+        # The target network starts as a copy of the online one, in the same layout.
+        return state.replace(params=params, target_params=params, opt_state=opt_state, sync=sync)
 
-    def logical_specs(self) -> DQNState:
-        """Logical ``PartitionSpec`` of every leaf of the state (for ``rljax.runner``)."""
+    def state_specs(self) -> DQNState:
         abstract = jax.eval_shape(self.init_boxed, jax.random.key(0))
-        specs = nn.get_partition_spec(abstract)
-        params, opt_state, sync = self.sync.logical_specs()
-        return specs.replace(
-            params=params,
-            target_params=params,
-            opt_state=opt_state,
-            sync=sync,
-            env=batch_spec_like(abstract.env),
-            buffer=buffer_logical_specs(abstract.buffer),
-        )
+        return super().state_specs().replace(buffer=buffer_logical_specs(abstract.buffer))
 
     # -- acting -----------------------------------------------------------------------------------
     def q_values(self, params, obs: jax.Array) -> jax.Array:
-        """``obs: [B@data, D]`` -> ``[B@data, A]`` (replica ``r`` scores its own rows)."""
-        return self.sync.map_replicas(self.network.apply, params, obs)
+        """``obs: [B@batch, D]`` -> ``[B@batch, A]`` (replica ``r`` scores its own rows)."""
+        return self.learner.apply(self.network.apply, params, obs)
 
     def epsilon(self, env_steps: jax.Array) -> jax.Array:
         c = self.config
@@ -354,28 +328,25 @@ class DQN:
         return jnp.argmax(self.network.apply(params, obs), axis=-1).astype(jnp.int32)
 
     # -- learning ---------------------------------------------------------------------------------
-    def targets(self, params, target_params, window, gamma) -> jax.Array:
-        """TD targets ``[N@data]`` of sampled windows (leaves ``[N@data, n, ...]``)."""
+    def targets(self, params, target_params, window: ReplayItem, gamma) -> jax.Array:
+        """TD targets ``[N@batch]`` of sampled windows (leaves ``[N@batch, n, ...]``)."""
         c = self.config
         partial, bootstrap, end = nstep_return(
-            window["reward"], window["terminated"], window["truncated"], gamma
+            window.reward, window.terminated, window.truncated, gamma
         )
-        last_obs = jnp.take_along_axis(window["final_obs"], end[:, None, None], axis=1)[:, 0]
+        last_obs = jnp.take_along_axis(window.final_obs, end[:, None, None], axis=1)[:, 0]
         next_q = self.q_values(target_params, last_obs)
         online_q = self.q_values(params, last_obs) if c.double_dqn else None
         next_value = bootstrap_value(next_q, online_q)
         return partial + bootstrap * jax.lax.stop_gradient(next_value)
 
-    def loss(self, params, batch):
+    def loss(self, params, batch: DQNBatch):
         """One replica's TD loss on ``batch`` leaves ``[n, ...]`` -> ``(loss, aux)``."""
-        q = self.network.apply(params, batch["obs"])
-        chosen = jnp.take_along_axis(q, batch["action"][:, None], axis=-1)[:, 0]
-        error = chosen - batch["target"]
-        loss = jnp.mean(batch["weight"] * td_loss(error, self.config.loss))
+        q = self.network.apply(params, batch.obs)
+        chosen = jnp.take_along_axis(q, batch.action[:, None], axis=-1)[:, 0]
+        error = chosen - batch.target
+        loss = jnp.mean(batch.weight * td_loss(error, self.config.loss))
         return loss, {"td_error": error, "q_mean": chosen.mean()}
-
-    def _hp(self, state: DQNState):
-        return hparams_lib.resolve(self.config, state.hparams)
 
     def _per_beta(self, env_steps):
         c = self.config
@@ -383,41 +354,21 @@ class DQN:
         return c.per_beta + fraction * (1.0 - c.per_beta)
 
     def _gradient_step(self, state: DQNState, key) -> tuple[DQNState, dict[str, jax.Array]]:
-        c, replicas = self.config, self.replicas
-        drawn = sample(
-            state.buffer,
-            key,
-            c.batch_size,
-            c.n_step,
-            self._per_beta(state.env_steps),
-            rules=self.rules,
-        )
+        c = self.config
+        drawn = sample(state.buffer, key, c.batch_size, c.n_step, self._per_beta(state.env_steps))
         window = drawn.window
-        batch = {
-            "obs": window["obs"][:, 0],
-            "action": window["action"][:, 0],
-            "target": self.targets(
-                state.params, state.target_params, window, self._hp(state).gamma
-            ),
-            "weight": drawn.weight,
-        }
-        # [N@data] -> [R@data, N/R]: replica r learns from the rows its shard sampled.
-        batch = jax.tree.map(
-            lambda x: constrain(
-                x.reshape(replicas, -1, *x.shape[1:]), "replica", rules=self.rules
-            ),
-            batch,
-        )
-        (loss, aux), grads = self.sync.grads(self.loss, state.params, batch)
-        params, opt_state, sync, sync_metrics = self.sync.step(
+        gamma = self.resolve(state.hparams).gamma
+        target = self.targets(state.params, state.target_params, window, gamma)
+        batch = DQNBatch(window.obs[:, 0], window.action[:, 0], target, drawn.weight)
+        # [N@batch] -> [R@replica, N/R]: replica r learns from the rows its shard sampled.
+        (loss, aux), grads = self.learner.grads(self.loss, state.params, self.learner.split(batch))
+        params, opt_state, sync, sync_metrics = self.learner.step(
             state.params, state.opt_state, state.sync, grads, scale=state.hparams.get("lr")
         )
         buffer = state.buffer
         if c.prioritized:
             td_error = aux["td_error"].reshape(-1)
-            buffer = update_priorities(
-                buffer, drawn.index, td_error, c.per_alpha, c.per_eps, rules=self.rules
-            )
+            buffer = update_priorities(buffer, drawn.index, td_error, c.per_alpha, c.per_eps)
         metrics = {"loss": loss.mean(), "q_mean": aux["q_mean"].mean(), **sync_metrics}
         state = state.replace(params=params, opt_state=opt_state, sync=sync, buffer=buffer)
         return state, metrics
@@ -437,15 +388,8 @@ class DQN:
         epsilon = self.epsilon(state.env_steps)
         action = self.act(state.params, state.env.obs, act_key, epsilon)
         env, tr = self.env.step(env_key, state.env, action)
-        item = {
-            "obs": tr.obs,
-            "action": action,
-            "reward": tr.reward,
-            "terminated": tr.terminated,
-            "truncated": tr.truncated,
-            "final_obs": tr.final_obs,
-        }
-        buffer = add(state.buffer, item, rules=self.rules)
+        item = ReplayItem(tr.obs, action, tr.reward, tr.terminated, tr.truncated, tr.final_obs)
+        buffer = add(state.buffer, item)
         previous, env_steps = state.env_steps, state.env_steps + c.num_envs
         state = state.replace(env=env, buffer=buffer, env_steps=env_steps)
 
@@ -460,7 +404,7 @@ class DQN:
 
         interval = c.target_update_interval
         update_target = env_steps // interval > previous // interval
-        tau = self._hp(state).tau
+        tau = self.resolve(state.hparams).tau
         target = jax.tree.map(
             lambda t, p: jnp.where(update_target, tau * p + (1.0 - tau) * t, t),
             state.target_params,
@@ -492,26 +436,16 @@ class DQN:
             else jnp.mean(value.astype(jnp.float32))
             for name, value in per_step.items()
         }
-        stats = state.env.stats
-        finished = stats.completed > 0
         optimizer_steps = trained.sum() * max(self.config.grad_steps_per_env_step, 1)
         metrics.update(
             optimizer_steps=optimizer_steps,
             syncs=jnp.round(metrics["synced"] * optimizer_steps).astype(jnp.int32),
-            episode_return=jnp.sum(jnp.where(finished, stats.last_return, 0.0))
-            / jnp.maximum(finished.sum(), 1),
-            episode_length=jnp.sum(jnp.where(finished, stats.last_length, 0))
-            / jnp.maximum(finished.sum(), 1),
-            episodes=stats.completed.sum(),
+            **episode_metrics(state.env.stats),
             truncations=per_step["truncations"].sum(),
             terminations=per_step["terminations"].sum(),
         )
         return state.replace(key=key, update_step=state.update_step + 1), metrics
 
     def optimizer_step(self, state: DQNState) -> DQNState:
-        """One gradient step (sample, targets, sync, priorities): the program whose collectives
-        ``rljax.runner.communication`` counts."""
+        """One gradient step (sample, targets, sync, priorities)."""
         return self._gradient_step(state, state.key)[0]
-
-    def env_steps(self, state: DQNState) -> jax.Array:
-        return state.env_steps

@@ -74,7 +74,7 @@ from flax import struct
 from jax.sharding import PartitionSpec
 
 from rljax.errors import ConfigError
-from rljax.parallel.sharding import LOGICAL_RULES, LogicalRules, constrain
+from rljax.parallel.rules import constrain, mesh_axis
 
 
 @struct.dataclass
@@ -108,7 +108,7 @@ class Sample:
 
 
 def init_buffer(
-    item, capacity: int, prioritized: bool = False, *, rules: LogicalRules = LOGICAL_RULES
+    item, capacity: int, prioritized: bool = False
 ) -> ReplayBuffer:
     """An empty buffer for ``item`` (one env step: leaves ``[B, ...]``, arrays or
     ``ShapeDtypeStruct``s) holding ``capacity`` items in all, ``capacity // B`` per env row."""
@@ -133,16 +133,16 @@ def init_buffer(
     ring = capacity // num_envs
 
     def empty(x):
-        return constrain(jnp.zeros((num_envs, ring, *x.shape[1:]), x.dtype), "batch", rules=rules)
+        return constrain(jnp.zeros((num_envs, ring, *x.shape[1:]), x.dtype), "batch")
 
     data = jax.tree.map(empty, item)
-    priority = constrain(jnp.ones((num_envs, ring), jnp.float32), "batch", rules=rules)
+    priority = constrain(jnp.ones((num_envs, ring), jnp.float32), "batch")
     return ReplayBuffer(
         data, jnp.zeros((), jnp.int32), priority, jnp.ones((), jnp.float32), prioritized
     )
 
 
-def add(buffer: ReplayBuffer, item, *, rules: LogicalRules = LOGICAL_RULES) -> ReplayBuffer:
+def add(buffer: ReplayBuffer, item) -> ReplayBuffer:
     """Write ``item`` (leaves ``[B@data, ...]``) at position ``count % K`` of every row."""
     num_envs, ring = buffer.num_envs, buffer.ring_size
     for d, x in zip(jax.tree.leaves(buffer.data), jax.tree.leaves(item), strict=True):
@@ -156,7 +156,7 @@ def add(buffer: ReplayBuffer, item, *, rules: LogicalRules = LOGICAL_RULES) -> R
     def write(stored, x):
         x = jnp.expand_dims(x.astype(stored.dtype), 1)
         return constrain(
-            jax.lax.dynamic_update_slice_in_dim(stored, x, position, axis=1), "batch", rules=rules
+            jax.lax.dynamic_update_slice_in_dim(stored, x, position, axis=1), "batch"
         )
 
     data = jax.tree.map(write, buffer.data, item)
@@ -165,17 +165,6 @@ def add(buffer: ReplayBuffer, item, *, rules: LogicalRules = LOGICAL_RULES) -> R
         new = jnp.broadcast_to(buffer.max_priority, (num_envs,)).astype(priority.dtype)
         priority = write(priority, new)
     return buffer.replace(data=data, priority=priority, count=buffer.count + 1)
-
-
-def _data_axis(rules: LogicalRules) -> tuple[str | None, int]:
-    """The mesh axis the buffer's rows are split over and its size, or ``(None, 1)``."""
-    axis = rules.get("batch")
-    mesh = jax.sharding.get_abstract_mesh()
-    if axis is None or mesh.empty or axis not in mesh.axis_names or mesh.shape[axis] == 1:
-        return None, 1
-    if axis in mesh.manual_axes:  # inside the caller's shard_map: the arrays are one shard's rows
-        return None, 1
-    return axis, mesh.shape[axis]
 
 
 def _per_shard(body, axis: str | None, in_specs, out_specs):
@@ -273,8 +262,6 @@ def sample(
     batch_size: int,
     n_step: int = 1,
     beta: float | jax.Array = 1.0,
-    *,
-    rules: LogicalRules = LOGICAL_RULES,
 ) -> Sample:
     """``batch_size`` windows of ``n_step`` consecutive items from valid starts (see module doc).
 
@@ -284,7 +271,7 @@ def sample(
     ring = buffer.ring_size
     if not 1 <= n_step <= ring:
         raise ConfigError(f"n_step={n_step} must be in [1, capacity // num_envs = {ring}]")
-    axis, shards = _data_axis(rules)
+    axis, shards = mesh_axis("batch")
     _check_split("batch_size", batch_size, axis, shards, buffer.num_envs)
     per_shard = batch_size // shards
     prioritized = buffer.prioritized
@@ -322,7 +309,7 @@ def sample(
     batch, scalar = PartitionSpec(axis), PartitionSpec()
     run = _per_shard(body, axis, (batch, batch, scalar, scalar, scalar), batch)
     out = run(buffer.data, buffer.priority, buffer.count, key, jnp.asarray(beta, jnp.float32))
-    return jax.tree.map(lambda x: constrain(x, "batch", rules=rules), out)
+    return jax.tree.map(lambda x: constrain(x, "batch"), out)
 
 
 def update_priorities(
@@ -331,8 +318,6 @@ def update_priorities(
     td_error: jax.Array,
     alpha: float,
     eps: float = 1e-6,
-    *,
-    rules: LogicalRules = LOGICAL_RULES,
 ) -> ReplayBuffer:
     """Set the priority at ``index`` (``[N@data, 2]`` from ``sample``) to ``(|td| + eps)**alpha``.
 
@@ -348,7 +333,7 @@ def update_priorities(
             f"update_priorities: index must be [N, 2] and td_error [N], got {index.shape} and "
             f"{td_error.shape}"
         )
-    axis, shards = _data_axis(rules)
+    axis, shards = mesh_axis("batch")
     _check_split("update_priorities batch (index.shape[0])", n, axis, shards, buffer.num_envs)
 
     def body(shard, priority, max_priority, index, td_error):
@@ -373,7 +358,7 @@ def update_priorities(
     run = _per_shard(body, axis, (batch, scalar, batch, batch), (batch, scalar))
     priority, max_priority = run(buffer.priority, buffer.max_priority, index, td_error)
     return buffer.replace(
-        priority=constrain(priority, "batch", rules=rules), max_priority=max_priority
+        priority=constrain(priority, "batch"), max_priority=max_priority
     )
 
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from rljax.errors import ConfigError
-from rljax.parallel.sharding import LOGICAL_RULES, LogicalRules, constrain_batch
+from rljax.parallel.rules import constrain_batch
 
 # Discrete-action gymnax environments (MNISTBandit-bsuite is left out: it downloads MNIST).
 DISCRETE_ENVS = (
@@ -88,7 +88,7 @@ class EnvBatch:
 class BatchedEnv:
     """``num_envs`` copies of one gymnax environment, vmapped and sharded along ``data``."""
 
-    def __init__(self, name: str, num_envs: int, rules: LogicalRules = LOGICAL_RULES):
+    def __init__(self, name: str, num_envs: int):
         check_env_name(name)
         # Imported here: importing gymnax starts the JAX backend, which must wait until the
         # number of emulated CPU devices is set.
@@ -104,7 +104,6 @@ class BatchedEnv:
         obs_shape = self.env.observation_space(self.params).shape
         self.spec = EnvSpec(name, int(math.prod(obs_shape)), int(action_space.n))
         self.num_envs = num_envs
-        self.rules = rules
 
     @property
     def time_limit(self) -> int | None:
@@ -121,7 +120,7 @@ class BatchedEnv:
         zeros_f = jnp.zeros(self.num_envs, jnp.float32)
         zeros_i = jnp.zeros(self.num_envs, jnp.int32)
         stats = EpisodeStats(zeros_f, zeros_i, zeros_f, zeros_i, zeros_i)
-        return constrain_batch(EnvBatch(state, self._flat(obs), stats), self.rules)
+        return constrain_batch(EnvBatch(state, self._flat(obs), stats))
 
     def step(self, key: jax.Array, batch: EnvBatch, action: jax.Array):
         """``action: [B@data]`` -> ``(EnvBatch, Transition)``."""
@@ -143,7 +142,7 @@ class BatchedEnv:
             last_length=jnp.where(done, ep_length, s.last_length),
             completed=s.completed + done.astype(jnp.int32),
         )
-        new_batch = constrain_batch(EnvBatch(state, self._flat(obs), stats), self.rules)
+        new_batch = constrain_batch(EnvBatch(state, self._flat(obs), stats))
         transition = Transition(
             batch.obs, reward, terminated, truncated, self._flat(info["final_observation"])
         )

@@ -18,11 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.errors import ConfigError
-from rljax.parallel.sharding import LOGICAL_RULES, constrain
+from rljax.parallel.rules import constrain
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu, "silu": nn.silu}
-RulesTuple = tuple[tuple[str, str | None], ...]
-DEFAULT_RULES: RulesTuple = tuple(LOGICAL_RULES.items())
 
 
 def dense(features, kernel_axes, bias_axes, scale, name, init="orthogonal"):
@@ -43,13 +41,18 @@ def dense(features, kernel_axes, bias_axes, scale, name, init="orthogonal"):
 def layer_axes(index: int) -> tuple[tuple[str, str], tuple[str]]:
     """Logical (kernel, bias) axes of hidden layer ``index``: column-split even, row-split odd."""
     if index % 2 == 0:
-        return ("embed", "hidden"), ("hidden",)
-    return ("hidden", "embed"), ("embed",)
+        return ("embed", "mlp"), ("mlp",)
+    return ("mlp", "embed"), ("embed",)
 
 
 def output_axis(num_layers: int) -> str:
-    """Logical axis of the features leaving ``num_layers`` hidden layers."""
-    return "hidden" if num_layers % 2 else "embed"
+    """Logical parameter axis of the features leaving ``num_layers`` hidden layers."""
+    return "mlp" if num_layers % 2 else "embed"
+
+
+def activation_axis(param_axis: str) -> str:
+    """The activation name of features laid out like parameter axis ``param_axis``."""
+    return f"activation_{param_axis}"
 
 
 class MLPTower(nn.Module):
@@ -57,18 +60,16 @@ class MLPTower(nn.Module):
 
     widths: Sequence[int]
     activation: str = "tanh"
-    rules: RulesTuple = DEFAULT_RULES
     initializer: str = "orthogonal"
 
     @nn.compact
     def __call__(self, x):
-        rules = dict(self.rules)
         act = ACTIVATIONS[self.activation]
         for i, width in enumerate(self.widths):
             kernel_axes, bias_axes = layer_axes(i)
             layer = dense(width, kernel_axes, bias_axes, np.sqrt(2), f"dense_{i}", self.initializer)
             x = act(layer(x))
-            x = constrain(x, "batch", bias_axes[0], rules=rules)
+            x = constrain(x, "batch", activation_axis(bias_axes[0]))
         return x
 
 
@@ -87,12 +88,11 @@ class ActorCritic(nn.Module):
     critic_widths: Sequence[int] = (64, 64)
     torso_widths: Sequence[int] = ()
     activation: str = "tanh"
-    rules: RulesTuple = DEFAULT_RULES
 
     def setup(self):
-        self.torso = MLPTower(self.torso_widths, self.activation, self.rules)
-        self.actor = MLPTower(self.actor_widths, self.activation, self.rules)
-        self.critic = MLPTower(self.critic_widths, self.activation, self.rules)
+        self.torso = MLPTower(self.torso_widths, self.activation)
+        self.actor = MLPTower(self.actor_widths, self.activation)
+        self.critic = MLPTower(self.critic_widths, self.activation)
         # The towers restart the column/row alternation, so the torso must end replicated.
         self.policy_head = head(
             self.num_actions, output_axis(len(self.actor_widths)), "actions", 0.01, "policy_head"
@@ -100,7 +100,7 @@ class ActorCritic(nn.Module):
         self.value_head = head(1, output_axis(len(self.critic_widths)), "value", 1.0, "value_head")
 
     def _features(self, obs):
-        x = constrain(obs.reshape(obs.shape[0], -1), "batch", "embed", rules=dict(self.rules))
+        x = constrain(obs.reshape(obs.shape[0], -1), "batch", "activation_embed")
         return self.torso(x)
 
     def __call__(self, obs):
@@ -108,12 +108,10 @@ class ActorCritic(nn.Module):
         return self._logits(x), self._value(x)
 
     def _logits(self, x):
-        rules = dict(self.rules)
-        return constrain(self.policy_head(self.actor(x)), "batch", "actions", rules=rules)
+        return constrain(self.policy_head(self.actor(x)), "batch", "activation_actions")
 
     def _value(self, x):
-        rules = dict(self.rules)
-        return constrain(self.value_head(self.critic(x))[:, 0], "batch", rules=rules)
+        return constrain(self.value_head(self.critic(x))[:, 0], "batch")
 
     def value(self, obs):
         """Critic only: ``obs: [B@data, D]`` -> ``[B@data]``."""
@@ -131,21 +129,19 @@ class QNetwork(nn.Module):
     widths: Sequence[int] = (120, 84)
     activation: str = "relu"
     dueling: bool = False
-    rules: RulesTuple = DEFAULT_RULES
     initializer: str = "lecun"
 
     @nn.compact
     def __call__(self, obs):
-        rules = dict(self.rules)
-        x = constrain(obs.reshape(obs.shape[0], -1), "batch", "embed", rules=rules)
-        x = MLPTower(self.widths, self.activation, self.rules, self.initializer, name="tower")(x)
+        x = constrain(obs.reshape(obs.shape[0], -1), "batch", "activation_embed")
+        x = MLPTower(self.widths, self.activation, self.initializer, name="tower")(x)
         in_axis = output_axis(len(self.widths))
         advantage = head(self.num_actions, in_axis, "actions", 1.0, "q_head", self.initializer)(x)
-        advantage = constrain(advantage, "batch", "actions", rules=rules)
+        advantage = constrain(advantage, "batch", "activation_actions")
         if not self.dueling:
             return advantage
         value = head(1, in_axis, "value", 1.0, "value_head", self.initializer)(x)
-        value = constrain(value, "batch", None, rules=rules)
+        value = constrain(value, "batch", None)
         return value + advantage - advantage.mean(axis=-1, keepdims=True)
 
 

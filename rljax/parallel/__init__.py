@@ -1,6 +1,10 @@
-"""Meshes, emulated devices and the logical-axis sharding rules."""
+"""Meshes, logical-axis rules, layouts, data-parallel replicas and the learner.
 
+Mesh axis names appear only in this package."""
+
+from rljax.parallel.layout import Layout
 from rljax.parallel.mesh import (
+    DEFAULT_MESH,
     MESH_AXES,
     MESH_AXIS_TYPES,
     make_mesh,
@@ -9,29 +13,37 @@ from rljax.parallel.mesh import (
     resolve_mesh_shape,
     set_num_cpu_devices,
 )
-from rljax.parallel.sharding import (
-    LOGICAL_RULES,
+from rljax.parallel.rules import (
+    RULES,
+    Rules,
+    active_rules,
     constrain,
     constrain_batch,
-    logical_specs_to_shardings,
-    logical_to_mesh_spec,
-    param_logical_specs,
+    prepend_axis,
     rules_with,
+    to_mesh_spec,
+    to_mesh_specs,
+    use_rules,
 )
 
 __all__ = [
-    "LOGICAL_RULES",
+    "DEFAULT_MESH",
+    "Layout",
     "MESH_AXES",
     "MESH_AXIS_TYPES",
+    "RULES",
+    "Rules",
+    "active_rules",
     "constrain",
     "constrain_batch",
-    "logical_specs_to_shardings",
-    "logical_to_mesh_spec",
     "make_mesh",
     "mesh_spec_of",
-    "param_logical_specs",
     "parse_mesh_spec",
+    "prepend_axis",
     "resolve_mesh_shape",
     "rules_with",
     "set_num_cpu_devices",
+    "to_mesh_spec",
+    "to_mesh_specs",
+    "use_rules",
 ]

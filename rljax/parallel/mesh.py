@@ -16,6 +16,7 @@ from jax.sharding import AxisType, Mesh
 from rljax.errors import ConfigError
 
 MESH_AXES = ("data", "model")
+DEFAULT_MESH = "data=1,model=1"
 
 # Auto axis types: parameters and the environment batch carry explicit NamedShardings and the
 # hot loop adds `with_sharding_constraint` at layer boundaries, but the gymnax environments are
@@ -75,7 +76,7 @@ def resolve_mesh_shape(spec: str, num_devices: int) -> dict[str, int]:
     return sizes
 
 
-def make_mesh(spec: str = "data=1,model=1", devices=None) -> Mesh:
+def make_mesh(spec: str = DEFAULT_MESH, devices=None) -> Mesh:
     """A ``(data, model)`` mesh over the first ``prod(sizes)`` of ``devices`` (default: all)."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = resolve_mesh_shape(spec, len(devices))

@@ -14,9 +14,9 @@ from rljax import PPO, PPOConfig
 from rljax.errors import ConfigError
 from rljax.networks import ActorCritic
 from rljax.parallel import compression, make_mesh
+from rljax.parallel.learner import Learner
 from rljax.parallel.replicas import per_replica
-from rljax.parallel.sharding import LOGICAL_RULES
-from rljax.parallel.sync import GradientSync, SyncConfig, validate_sync
+from rljax.parallel.sync import SyncConfig, validate_sync
 from rljax.runner import ShardedRun
 
 TINY = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 2, num_minibatches=2)
@@ -27,7 +27,7 @@ def make_learner(strategy="allreduce", replicas=1, **sync):
     net = ActorCritic(num_actions=3, actor_widths=(16, 16), critic_widths=(16, 16))
     boxed = jax.eval_shape(net.init, jax.random.key(0), jnp.zeros((1, 5)))
     opt = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(1e-2))
-    learner = GradientSync(SyncConfig(strategy, **sync), opt, replicas, boxed, LOGICAL_RULES)
+    learner = Learner(opt, SyncConfig(strategy, **sync), replicas, boxed)
     params = nn.meta.unbox(net.init(jax.random.key(0), jnp.zeros((1, 5))))
 
     def loss(params, batch):  # a per-sample mean: the replicas' mean is the global mean

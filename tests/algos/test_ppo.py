@@ -66,7 +66,8 @@ def test_vmapped_seeds_equal_separate_runs():
 def test_seeds_can_be_placed_on_the_data_axis():
     mesh = make_mesh("data=2,model=2")
     run_config = RunConfig(num_seeds=2, seed_axis="data")
-    run = ShardedRun(PPO(TINY, rules_for(run_config)), mesh, num_seeds=2, chunk_size=2)
+    rules = rules_for(run_config)
+    run = ShardedRun(PPO(TINY), mesh, num_seeds=2, chunk_size=2, rules=rules)
     state, metrics = run.run_chunk(run.init(jax.random.key(7)), 2)
     kernel = state.params["params"]["critic"]["dense_0"]["kernel"]
     assert tuple(kernel.sharding.spec)[:3] == ("data", None, "model")

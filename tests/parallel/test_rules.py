@@ -8,13 +8,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rljax.errors import ConfigError
 from rljax.networks import ActorCritic
-from rljax.parallel import (
-    LOGICAL_RULES,
-    logical_specs_to_shardings,
-    logical_to_mesh_spec,
-    make_mesh,
-)
+from rljax.parallel import RULES, Layout, make_mesh, rules_with, to_mesh_spec, use_rules
 
 MESHES = ["data=1,model=1", "data=4,model=1", "data=2,model=2", "data=1,model=4"]
 
@@ -49,10 +45,10 @@ def reference():
 def test_sharded_forward_and_gradients_equal_single_device(reference, spec):
     net, boxed, params, obs, loss, outputs, grads = reference
     mesh = make_mesh(spec)
-    shardings = logical_specs_to_shardings(nn.get_partition_spec(boxed), mesh)
+    shardings = Layout(mesh).shardings(nn.get_partition_spec(boxed))
     sharded_params = jax.device_put(params, shardings)
     sharded_obs = jax.device_put(obs, NamedSharding(mesh, PartitionSpec("data")))
-    with jax.set_mesh(mesh):
+    with Layout(mesh).active():
         sharded_outputs = jax.jit(net.apply)(sharded_params, sharded_obs)
         sharded_grads = jax.jit(jax.grad(loss))(sharded_params, sharded_obs)
     chex.assert_trees_all_close(sharded_outputs, outputs, atol=1e-5, rtol=1e-5)
@@ -70,21 +66,57 @@ def normalised(spec):
 
 
 def test_rules_table_maps_logical_names():
-    assert logical_to_mesh_spec(PartitionSpec("batch", "hidden")) == PartitionSpec("data", "model")
-    assert logical_to_mesh_spec(PartitionSpec("hidden", "embed")) == PartitionSpec("model", None)
-    assert LOGICAL_RULES["embed"] is None
+    assert to_mesh_spec(PartitionSpec("batch", "mlp")) == PartitionSpec("data", "model")
+    assert to_mesh_spec(PartitionSpec("mlp", "embed")) == PartitionSpec("model", None)
+    assert dict(RULES)["embed"] is None
+    # Parameter and activation axes are named apart: remapping one leaves the other.
+    fsdp = rules_with(embed="data")
+    assert to_mesh_spec(("embed", "mlp"), fsdp) == PartitionSpec("data", "model")
+    assert to_mesh_spec(("batch", "activation_embed"), fsdp) == PartitionSpec("data", None)
+
+
+def test_rules_apply_as_a_context():
+    assert to_mesh_spec(("batch",)) == PartitionSpec("data")
+    with use_rules(rules_with(batch=None, seed="data")):
+        assert to_mesh_spec(("seed", "batch")) == PartitionSpec("data", None)
+    assert to_mesh_spec(("batch",)) == PartitionSpec("data")
+
+
+def test_unknown_or_clashing_logical_names_are_errors():
+    with pytest.raises(ConfigError, match="no rule"):
+        to_mesh_spec(("hidden",))
+    with pytest.raises(ConfigError, match="two axes onto one mesh axis"):
+        to_mesh_spec(("batch", "replica"))
+    with pytest.raises(ConfigError, match="unknown logical axes"):
+        rules_with(hidden="model")
+
+
+def test_parameters_shard_over_data_by_editing_rules_alone(reference):
+    """FSDP-style: parameter `embed` axes split over `data` by one rules entry; the network and
+    its numbers are unchanged."""
+    net, boxed, params, obs, loss, outputs, grads = reference
+    layout = Layout(make_mesh("data=2,model=2"), rules_with(embed="data"))
+    shardings = layout.shardings(nn.get_partition_spec(boxed))
+    sharded = jax.device_put(params, shardings)
+    kernel = sharded["params"]["critic"]["dense_0"]["kernel"]  # [embed, mlp] = [32, 64]
+    assert kernel.addressable_shards[0].data.shape == (16, 32)
+    with layout.active():
+        sharded_outputs = jax.jit(net.apply)(sharded, obs)
+        sharded_grads = jax.jit(jax.grad(loss))(sharded, obs)
+    chex.assert_trees_all_close(sharded_outputs, outputs, atol=1e-5, rtol=1e-5)
+    chex.assert_trees_all_close(sharded_grads, grads, atol=1e-5, rtol=1e-5)
 
 
 def test_every_parameter_is_born_with_the_rules_sharding(small_run):
     run, state, _ = small_run
-    logical = nn.get_partition_spec(jax.eval_shape(run.algo.init_boxed, jax.random.key(0)))
+    logical = run.algo.state_specs()
     pairs = zip(
         jax.tree.leaves(logical.params, is_leaf=lambda x: isinstance(x, PartitionSpec)),
         jax.tree.leaves(state.params),
         strict=True,
     )
     for logical_spec, leaf in pairs:
-        assert normalised(leaf.sharding.spec) == normalised(logical_to_mesh_spec(logical_spec))
+        assert normalised(leaf.sharding.spec) == normalised(to_mesh_spec(logical_spec))
     actor = state.params["params"]["actor"]
     assert normalised(actor["dense_0"]["kernel"].sharding.spec) == (None, "model")
     assert normalised(actor["dense_1"]["kernel"].sharding.spec) == ("model",)

@@ -20,7 +20,7 @@ from rljax.buffers import (
     update_priorities,
 )
 from rljax.errors import ConfigError
-from rljax.parallel import logical_specs_to_shardings, make_mesh
+from rljax.parallel import Layout, make_mesh
 
 ADD = jax.jit(add)
 SAMPLE = jax.jit(sample, static_argnames=("batch_size", "n_step"))
@@ -61,7 +61,7 @@ def valid_mask(count, ring, n_step):
 
 def placed(buffer, mesh):
     """``buffer`` put on ``mesh`` with the shardings its logical specs ask for."""
-    return jax.device_put(buffer, logical_specs_to_shardings(buffer_logical_specs(buffer), mesh))
+    return jax.device_put(buffer, Layout(mesh).shardings(buffer_logical_specs(buffer)))
 
 
 def filled(num_envs, capacity, count, prioritized=False, mesh=None):
@@ -142,8 +142,8 @@ def sharded(request):
     mesh = make_mesh(request.param)
     num_envs, capacity, count = 8, 64, 11
     spec = item_spec(num_envs)
-    shardings = logical_specs_to_shardings(
-        buffer_logical_specs(jax.eval_shape(lambda: init_buffer(spec, capacity, True))), mesh
+    shardings = Layout(mesh).shardings(
+        buffer_logical_specs(jax.eval_shape(lambda: init_buffer(spec, capacity, True)))
     )
     with jax.set_mesh(mesh):
         buffer = jax.jit(lambda: init_buffer(spec, capacity, True), out_shardings=shardings)()

@@ -1,0 +1,139 @@
+"""The one logical-axis rules table, applied as a context, and the lookups that use it.
+
+Networks, environments and algorithms name array axes logically (``"batch"``, ``"mlp"``); only the
+rules map those names to mesh axes. ``use_rules(rules)`` is Flax's ``nn.logical_axis_rules``:
+whatever traces inside it (``constrain``, ``to_mesh_spec``) resolves names through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping
+
+import flax.linen as nn
+import jax
+from jax.sharding import PartitionSpec
+
+from rljax.errors import ConfigError
+
+Rules = tuple[tuple[str, str | None], ...]
+
+# Parameter axes and activation axes have distinct names (as MaxText's `embed` and
+# `activation_embed`), so parameters can be sharded (e.g. FSDP) by editing rules alone.
+RULES: Rules = (
+    ("batch", "data"),  # environments, samples, replay rows: data parallel
+    ("replica", "data"),  # per-replica learner state (local/adaptive sync): one replica per shard
+    ("seed", None),  # vmapped independent seeds / sweep members
+    ("embed", None),  # parameter: feature axis entering / leaving a tensor-parallel block
+    ("mlp", "model"),  # parameter: the tensor-parallel width of a column- then row-split block
+    ("actions", None),  # parameter: policy / Q head outputs
+    ("value", None),  # parameter: the critic's scalar output
+    ("activation_embed", None),
+    ("activation_mlp", "model"),
+    ("activation_actions", None),
+)
+
+
+def rules_with(rules: Rules | None = None, **overrides: str | None) -> Rules:
+    """``rules`` (default: ``RULES``) with some names remapped, e.g. ``rules_with(seed="data")``."""
+    rules = RULES if rules is None else tuple(rules)
+    known = dict(rules)
+    unknown = set(overrides) - set(known)
+    if unknown:
+        raise ConfigError(f"unknown logical axes {sorted(unknown)}; known: {sorted(known)}")
+    return tuple((name, overrides.get(name, axis)) for name, axis in rules)
+
+
+def as_rules(rules: Rules | Mapping[str, str | None]) -> Rules:
+    return tuple(rules.items()) if isinstance(rules, Mapping) else tuple(rules)
+
+
+def use_rules(rules: Rules | Mapping[str, str | None]):
+    """Context in which logical names resolve through ``rules`` (Flax's logical_axis_rules)."""
+    return nn.logical_axis_rules(as_rules(rules))
+
+
+def active_rules() -> Rules:
+    """The rules of the innermost ``use_rules``, or ``RULES`` outside any."""
+    return tuple(nn.get_logical_axis_rules()) or RULES
+
+
+@contextlib.contextmanager
+def spending(*mesh_axes: str | None):
+    """Rules for code traced inside ``vmap(spmd_axis_name=axis)`` or a manual ``shard_map``:
+    names mapped to a spent mesh axis become unsharded (that axis is already split off)."""
+    spent = {a for a in mesh_axes if a is not None}
+    rules = active_rules()
+    with use_rules(tuple((n, None if a in spent else a) for n, a in rules)):
+        yield
+
+
+def to_mesh_spec(logical: Iterable[str | None], rules: Rules | None = None) -> PartitionSpec:
+    """``P("batch", "mlp")`` -> ``P("data", "model")`` under ``rules`` (default: the active ones).
+
+    Unknown names and two names on one mesh axis are errors, not silent replication."""
+    rules = active_rules() if rules is None else as_rules(rules)
+    table = dict(rules)
+    names = tuple(logical)
+    missing = [n for n in names if n is not None and n not in table]
+    if missing:
+        raise ConfigError(f"logical axes {missing} have no rule; known: {sorted(table)}")
+    axes = [None if n is None else table[n] for n in names]
+    used = [a for a in axes if a is not None]
+    if len(used) != len(set(used)):
+        raise ConfigError(f"logical spec {names} maps two axes onto one mesh axis: {axes}")
+    return PartitionSpec(*axes)
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, PartitionSpec)
+
+
+def to_mesh_specs(tree, rules: Rules | None = None):
+    """A tree of logical ``PartitionSpec`` -> the same tree of mesh ``PartitionSpec``."""
+    return jax.tree.map(lambda s: to_mesh_spec(s, rules), tree, is_leaf=_is_spec)
+
+
+def prepend_axis(specs, name: str | None):
+    """Add a leading logical axis (e.g. the vmapped seed axis) to every spec of a tree."""
+    return jax.tree.map(lambda s: PartitionSpec(name, *s), specs, is_leaf=_is_spec)
+
+
+def batch_spec_like(tree):
+    """``P("batch")`` for every leaf: arrays whose leading axis is the environment batch."""
+    return jax.tree.map(lambda _: PartitionSpec("batch"), tree)
+
+
+def mesh_axis(name: str) -> tuple[str | None, int]:
+    """The mesh axis that logical ``name`` is split over here, and its size; ``(None, 1)`` when it
+    is not split (no mesh, no rule, a size-1 axis, or an axis this code is already inside of)."""
+    axis = dict(active_rules()).get(name)
+    mesh = jax.sharding.get_abstract_mesh()
+    if axis is None or mesh.empty or axis not in mesh.axis_names or mesh.shape[axis] == 1:
+        return None, 1
+    if axis in mesh.manual_axes:
+        return None, 1
+    return axis, mesh.shape[axis]
+
+
+def constrain(x, *logical_axes: str | None):
+    """``with_sharding_constraint`` by logical names, through the active rules and mesh.
+
+    A no-op outside a mesh, so pure functions stay usable without one. Mesh axes that are manual
+    here (inside ``shard_map``) are left out: the array is already the per-device piece.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    spec = to_mesh_spec(logical_axes)
+    manual = set(mesh.manual_axes)
+    if manual:
+        spec = PartitionSpec(*(None if a in manual else a for a in spec))
+        if all(a is None for a in spec):
+            return x
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
+def constrain_batch(tree):
+    """Constrain the leading axis of every leaf of ``tree`` to the ``batch`` rule."""
+    return jax.tree.map(lambda x: constrain(x, "batch"), tree)

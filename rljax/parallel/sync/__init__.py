@@ -1,0 +1,51 @@
+"""Gradient synchronisation strategies, one module each, found by name.
+
+Every module in this package that registers a ``Strategy`` subclass (``@register``) is imported
+here, so adding a strategy means adding its module. Bytes per strategy: ``docs/sync.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from rljax.errors import ConfigError
+from rljax.parallel.sync.base import (
+    Strategy,
+    SyncConfig,
+    register,
+    registered,
+    tree_norm,
+)
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "base":
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+STRATEGIES = tuple(registered())
+
+
+def strategy_for(config: SyncConfig) -> Strategy:
+    validate_sync(config)
+    return registered()[config.strategy](config)
+
+
+def validate_sync(config: SyncConfig) -> None:
+    strategies = registered()
+    if config.strategy not in strategies:
+        raise ConfigError(
+            f"sync strategy {config.strategy!r} unknown; choose from {tuple(strategies)}"
+        )
+    strategies[config.strategy].validate(config)
+
+
+__all__ = [
+    "STRATEGIES",
+    "Strategy",
+    "SyncConfig",
+    "register",
+    "registered",
+    "strategy_for",
+    "tree_norm",
+    "validate_sync",
+]
