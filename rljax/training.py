@@ -178,7 +178,7 @@ class _Session:
             jax_version=jax.__version__,
             processes=jax.process_count(),
         )
-        from rljax.checkpoint import Checkpointer  # orbax: imported when a run starts
+        from rljax.run.checkpoint import Checkpointer  # orbax: imported when a run starts
 
         self.ckpt = Checkpointer(checkpoints, keep=run.keep_checkpoints)
         chunk = min(run.log_every, algo_config.num_updates)
@@ -221,7 +221,7 @@ class _Session:
         }
 
     def metadata(self, updates_done: int) -> dict:
-        from rljax.checkpoint import package_versions
+        from rljax.run.checkpoint import package_versions
 
         return {
             "algorithm": self.name,

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from rljax import PPO, PPOConfig
-from rljax.checkpoint import Checkpointer
 from rljax.parallel import make_mesh
 from rljax.resume import abstract_state
+from rljax.run.checkpoint import Checkpointer
 from rljax.run_log import read_metrics
 from rljax.runner import ShardedRun
 

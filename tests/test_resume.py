@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from rljax import PPO, ConfigError, PPOConfig, RunConfig, train
-from rljax.checkpoint import Checkpointer, CheckpointWarning
 from rljax.errors import TrainingError
 from rljax.parallel import make_mesh
 from rljax.parallel.sync import SyncConfig
 from rljax.resume import abstract_state
+from rljax.run.checkpoint import Checkpointer, CheckpointWarning
 from rljax.run_log import read_metrics
 from rljax.runner import ShardedRun
 

@@ -4,9 +4,11 @@ fallback over damaged steps."""
 import importlib.metadata
 import json
 import platform
+from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -14,7 +16,9 @@ from flax import struct
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rljax.checkpoint import (
+import rljax
+from rljax.parallel import make_mesh
+from rljax.run.checkpoint import (
     MANIFEST_NAME,
     Checkpointer,
     CheckpointError,
@@ -24,7 +28,6 @@ from rljax.checkpoint import (
     compare_metadata,
     package_versions,
 )
-from rljax.parallel import make_mesh
 
 
 @struct.dataclass
@@ -113,6 +116,27 @@ def save_steps(directory, mesh, steps, **kwargs):
             states[step] = make_state(step, mesh)
             ckpt.save(step, states[step], {**METADATA, "env_steps": step})
     return states
+
+
+def test_plain_single_device_pytree_round_trip(tmp_path):
+    """Arrays made without a NamedSharding (``jnp.ones(3)`` on one device) save and restore."""
+    state = {
+        "a": jnp.ones(3),
+        "b": jnp.arange(4),
+        "nested": (jnp.full((2, 2), 0.5, jnp.bfloat16), jax.random.key(3)),
+    }
+    assert isinstance(state["a"].sharding, jax.sharding.SingleDeviceSharding)
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        ckpt.save(1, state, {"env_steps": 1})
+        ckpt.wait()
+        step, restored, metadata = ckpt.restore_latest(abstract_of(state))
+        bad = {**state, "a": state["a"].at[1].set(jnp.nan)}
+        with pytest.raises(NonFiniteStateError, match=r"\['a'\] \(1 of 3 values\)"):
+            ckpt.save(2, bad, {})
+        assert ckpt.steps() == [1]
+    assert (step, metadata) == (1, {"env_steps": 1})
+    assert_bitwise_equal(restored, state)
+    assert_shardings(restored, jax.tree.map(lambda x: x.sharding, state))
 
 
 def test_round_trip_is_bitwise_exact_with_requested_shardings(mesh4, tmp_path):
@@ -220,6 +244,13 @@ def _largest_data_file(step_dir):
     return max(files, key=lambda p: p.stat().st_size)
 
 
+def assert_attributed_here(record):
+    """Each CheckpointWarning is one plain line attributed to the caller in this file, so that
+    its printout shows no line of rljax's source."""
+    found = [w for w in record if issubclass(w.category, CheckpointWarning)]
+    assert [(w.filename, "\n" in str(w.message)) for w in found] == [(__file__, False)]
+
+
 @pytest.mark.parametrize("damage", ["truncate", "delete", "bit_flip", "no_manifest"])
 def test_damaged_newest_step_is_skipped_with_a_warning(mesh4, tmp_path, damage):
     directory = tmp_path / "ckpt"
@@ -241,8 +272,9 @@ def test_damaged_newest_step_is_skipped_with_a_warning(mesh4, tmp_path, damage):
         reason = "unfinished"
     abstract = abstract_of(states[1])
     with Checkpointer(directory) as ckpt:  # a restarted run
-        with pytest.warns(CheckpointWarning, match=f"step 2 .*{reason}"):
+        with pytest.warns(CheckpointWarning, match=f"step 2 .*{reason}") as record:
             assert ckpt.latest_valid_step() == 1
+        assert_attributed_here(record)
         with pytest.warns(CheckpointWarning, match="step 2"):
             step, restored, metadata = ckpt.restore_latest(abstract)
         assert (step, metadata["env_steps"]) == (1, 1)
@@ -250,12 +282,29 @@ def test_damaged_newest_step_is_skipped_with_a_warning(mesh4, tmp_path, damage):
         with pytest.raises(CheckpointError, match=f"step 2 .*{reason}"):
             ckpt.restore(2, abstract)
         # The resumed run reaches step 2 again: the damaged step is replaced, not refused.
-        with pytest.warns(CheckpointWarning, match="replacing damaged checkpoint step 2"):
+        with pytest.warns(CheckpointWarning, match="replacing damaged checkpoint step 2") as record:
             ckpt.save(2, states[2], {"env_steps": 2})
+        assert_attributed_here(record)
         ckpt.wait()
         step, restored, _ = ckpt.restore_latest(abstract)
     assert step == 2
     assert_bitwise_equal(restored, states[2])
+
+
+def test_warnings_skip_the_frames_of_rljax_callers(tmp_path):
+    """Called from rljax's own code (the training loop), a warning points past it."""
+    state = {"a": jnp.ones(3)}
+    with Checkpointer(tmp_path / "ckpt", async_save=False) as ckpt:
+        ckpt.save(1, state, {})
+        ckpt.save(2, state, {})
+    (tmp_path / "ckpt" / "2" / MANIFEST_NAME).unlink()
+    inside_rljax: dict = {}
+    caller = "def latest(ckpt):\n    return ckpt.latest_valid_step()\n"
+    exec(compile(caller, str(Path(rljax.__file__).parent / "caller.py"), "exec"), inside_rljax)
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        with pytest.warns(CheckpointWarning, match="step 2 .*unfinished") as record:
+            assert inside_rljax["latest"](ckpt) == 1
+    assert_attributed_here(record)
 
 
 def test_unfinished_temporary_directory_is_reported(mesh4, tmp_path):
