@@ -65,9 +65,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.bench_harness import REPO_ROOT, log, markdown_table  # noqa: E402
 from rljax import DQN, PPO, DQNConfig, PPOConfig  # noqa: E402
+from rljax.diagnostics import comm_bytes_per_update, communication  # noqa: E402
 from rljax.parallel import make_mesh  # noqa: E402
 from rljax.parallel.sync import SyncConfig  # noqa: E402
-from rljax.runner import ShardedRun, comm_bytes_per_update, communication  # noqa: E402
+from rljax.runner import ShardedRun  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "experiments" / "results" / "sync_strategies"
 MESH = "data=4,model=1"
@@ -295,7 +296,7 @@ def write_markdown(report: dict, path: Path) -> None:
         "compiled chunk calls (compile excluded; 4 emulated devices on shared cores, so "
         f"relative rather than absolute: per-seed speeds of one setting differed by up to "
         f"{spread:.1f}x here, hence the fastest seed too). bytes/update: bytes sent per device "
-        "over `data` per update (ring convention of `rljax.parallel.comm`, measured on the "
+        "over `data` per update (ring convention of `rljax.diagnostics.hlo`, measured on the "
         "compiled optimizer step x the measured optimizer steps and syncs; DQN: updates after "
         "learning started). syncs/100 steps: synchronising optimizer steps per 100 optimizer "
         "steps.",

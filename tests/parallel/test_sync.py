@@ -223,7 +223,7 @@ def test_bad_sync_settings_are_rejected():
 # -- communication accounting -------------------------------------------------------------------
 def data_bytes(strategy, **sync):
     """(always, on_sync) bytes per device over `data` of one compiled learner step on data=4."""
-    from rljax.parallel.comm import collectives
+    from rljax.diagnostics.hlo import collectives
 
     learner, params, opt_state, loss = make_learner(strategy, 4, **sync)
     mesh = make_mesh("data=4,model=1")

@@ -7,8 +7,8 @@ import pytest
 from jax import lax
 from jax.sharding import AxisType, NamedSharding
 
+from rljax.diagnostics.hlo import Collective, collectives, comm_summary, format_table
 from rljax.errors import ConfigError
-from rljax.parallel.comm import Collective, collectives, comm_summary, format_table
 
 P = jax.P
 F32_8x8 = 8 * 8 * 4  # the per-device block of x below
