@@ -249,40 +249,6 @@ class ShardedRun:
             return self._chunk_jit(state, replicate(self.mesh, jnp.int32(num_updates)))
 
 
-def communication(algo, mesh: Mesh) -> dict[str, dict[str, float]]:
-    """Bytes per device of one compiled optimizer step of ``algo`` on ``mesh``, by mesh axis.
-
-    ``{"data": {"always": b, "on_sync": c}, "model": {...}}``: ``always`` is sent every step,
-    ``on_sync`` only on synchronising steps (the branch local/adaptive sync takes every K-th
-    step); per update, ``optimizer_steps * always + syncs * on_sync``. Counting convention and
-    HLO parsing: ``rljax.parallel.comm``.
-    """
-    from rljax.parallel.comm import collectives
-
-    shardings = state_shardings(algo, mesh, 1)
-    with Layout(mesh).active():
-        abstract = jax.tree.map(
-            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-            jax.eval_shape(algo.init, jax.random.key(0)),
-            shardings,
-        )
-        compiled = jax.jit(algo.optimizer_step).lower(abstract).compile()
-    totals = {axis: {"always": 0.0, "on_sync": 0.0} for axis in mesh.axis_names}
-    for op in collectives(compiled, mesh):
-        axis = "+".join(op.axes) if op.axes else "unknown"
-        entry = totals.setdefault(axis, {"always": 0.0, "on_sync": 0.0})
-        entry["on_sync" if op.conditional else "always"] += op.sent_bytes * op.multiplicity
-    return totals
-
-
-def comm_bytes_per_update(comm: dict, optimizer_steps, syncs) -> dict[str, float]:
-    """``communication(...)`` and one update's counts -> ``{"comm_bytes_<axis>": bytes}``."""
-    return {
-        f"comm_bytes_{axis}": float(optimizer_steps) * v["always"] + float(syncs) * v["on_sync"]
-        for axis, v in comm.items()
-    }
-
-
 def algorithm_name(algo_config) -> str:
     return algorithm_for(algo_config).name
 

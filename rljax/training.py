@@ -2,7 +2,7 @@
 
 ``train(algo_config, RunConfig(...))`` is the whole job. Between chunks it only moves metrics to
 the host, writes ``metrics.jsonl``, prints progress, checks for non-finite values and saves
-orbax checkpoints (``rljax.checkpoint``); the training maths stays in the jitted chunk.
+orbax checkpoints (``rljax.run.checkpoint``); the training maths stays in the jitted chunk.
 
 * Checkpoints: every ``checkpoint_every`` updates (at chunk ends) and at the end, the whole
   training state (parameters, optimizer and sync state, environment states and observations,
@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rljax.diagnostics import comm_bytes_per_update, communication, describe
 from rljax.errors import ConfigError, TrainingError
 from rljax.evaluation import Evaluator
 from rljax.parallel import mesh_spec_of
@@ -49,8 +50,6 @@ from rljax.runner import (
     RunConfig,
     ShardedRun,
     algorithm_name,
-    comm_bytes_per_update,
-    communication,
     prepare,
     replicate,
     rules_for,
@@ -307,9 +306,9 @@ def _train(s: _Session) -> TrainResult:
     say(f"compiled in {sum(s.sharded.compile_seconds.values()):.1f} s")
     comm = None
     if run.measure_comm:
-        comm = communication(s.algo, s.mesh)
+        comm = communication(s.algo, s.sharded.layout)
         s.log.write_extra("communication", comm)
-        say("communication per optimizer step per device (bytes): " + _describe(comm))
+        say("communication per optimizer step per device (bytes): " + describe(comm))
 
     resumed_from = None
     if run.resume:
@@ -385,14 +384,6 @@ def _train(s: _Session) -> TrainResult:
         resumed_from=resumed_from,
         rollbacks=rollbacks,
     )
-
-
-def _describe(comm: dict) -> str:
-    parts = []
-    for axis, v in comm.items():
-        extra = f" (+{v['on_sync']:,.0f} when syncing)" if v["on_sync"] else ""
-        parts.append(f"{axis} {v['always']:,.0f}{extra}")
-    return ", ".join(parts)
 
 
 def _poison(s: _Session, state):

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import copy
 
-import flax.linen as nn
 import jax
 from jax.sharding import Mesh
 
 from rljax.diagnostics.hlo import collectives
+from rljax.parallel import Layout
 
 _MEASURED: dict[tuple, dict[str, dict[str, float]]] = {}
 
 
-def _key(algo, mesh: Mesh) -> tuple:
-    """What the compiled optimizer step depends on: algorithm, its sharding rules, mesh, jax."""
+def _key(algo, layout: Layout) -> tuple:
+    """What the compiled optimizer step depends on: algorithm, layout (mesh and rules), jax."""
+    mesh = layout.mesh
     return (
-        type(algo).__name__,
+        type(algo).__qualname__,
         repr(algo.config),
         algo.replicas,
-        tuple(getattr(algo, "swept", ())),
-        repr(getattr(algo, "rules", None)),  # rules on the algorithm (until they are a context)
-        repr(nn.get_logical_axis_rules()),  # rules as a context
+        tuple(algo.swept),
+        layout.rules,
         tuple(mesh.axis_names),
         tuple(mesh.devices.shape),
         tuple(int(d.id) for d in mesh.devices.flat),
@@ -29,8 +29,9 @@ def _key(algo, mesh: Mesh) -> tuple:
     )
 
 
-def communication(algo, mesh: Mesh) -> dict[str, dict[str, float]]:
-    """Bytes per device of one compiled optimizer step of ``algo`` on ``mesh``, by mesh axis.
+def communication(algo, layout: Layout | Mesh) -> dict[str, dict[str, float]]:
+    """Bytes per device of one compiled optimizer step of ``algo`` on a layout (or a mesh with
+    the default rules), by mesh axis.
 
     ``{"data": {"always": b, "on_sync": c}, "model": {...}}``: ``always`` is sent every step,
     ``on_sync`` only on synchronising steps (the branch local/adaptive sync takes every K-th
@@ -42,17 +43,18 @@ def communication(algo, mesh: Mesh) -> dict[str, dict[str, float]]:
     algorithm class, config, replicas, sharding rules, mesh axes, shape and devices, jax version),
     and each call returns a fresh copy.
     """
-    key = _key(algo, mesh)
+    if isinstance(layout, Mesh):
+        layout = Layout(layout)
+    key = _key(algo, layout)
     if key not in _MEASURED:
-        _MEASURED[key] = _measure(algo, mesh)
+        _MEASURED[key] = _measure(algo, layout)
     return copy.deepcopy(_MEASURED[key])
 
 
-def _measure(algo, mesh: Mesh) -> dict[str, dict[str, float]]:
-    from rljax.runner import state_shardings  # runner uses this module: import at call time
-
-    shardings = state_shardings(algo, mesh, 1)
-    with jax.set_mesh(mesh):
+def _measure(algo, layout: Layout) -> dict[str, dict[str, float]]:
+    mesh = layout.mesh
+    shardings = layout.shardings(algo.state_specs())
+    with layout.active():
         abstract = jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
             jax.eval_shape(algo.init, jax.random.key(0)),
