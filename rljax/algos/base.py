@@ -8,6 +8,7 @@ on ``Algorithm``; ``docs/architecture.md`` has the recipe for adding one.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -84,6 +85,7 @@ class Algorithm:
             raise ConfigError(
                 f"{cls.__name__} needs a {cls.config_type.__name__}, got {type(config).__name__}"
             )
+        check_representable(config)
 
     def build_network(self) -> nn.Module:
         raise NotImplementedError
@@ -170,6 +172,25 @@ def episode_metrics(stats: EpisodeStats) -> dict[str, jax.Array]:
         "episode_length": jnp.sum(jnp.where(finished, stats.last_length, 0)) / count,
         "episodes": stats.completed.sum(),
     }
+
+
+INT32_MAX = 2**31 - 1
+
+
+def check_representable(config, prefix: str = "") -> None:
+    """Every float field finite, every int field within int32 (step counters are int32 on
+    device), nested config dataclasses included."""
+    for f in dataclasses.fields(config):
+        value, name = getattr(config, f.name), prefix + f.name
+        if dataclasses.is_dataclass(value):
+            check_representable(value, name + ".")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value}")
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT32_MAX:
+            raise ConfigError(
+                f"{name}={value} does not fit the int32 counters on the device "
+                f"(at most {INT32_MAX:,})"
+            )
 
 
 def check_divisible(what: str, value: int, shards: int, why: str) -> None:

@@ -31,6 +31,7 @@ from flax import struct
 
 from rljax.algos.base import Algorithm, adam, check_divisible, episode_metrics, resumable
 from rljax.algos.base import sweepable as sweepable_field
+from rljax.algos.td import bootstrap_value, nstep_return, td_loss
 from rljax.buffers import ReplayBuffer, add, init_buffer, sample, update_priorities
 from rljax.buffers.replay import buffer_logical_specs
 from rljax.envs import EnvBatch, check_env_name
@@ -81,13 +82,15 @@ class DQNConfig:
     epsilon_start: float = 1.0
     epsilon_end: float = 0.05
     epsilon_decay_steps: int = 250_000
-    """environment steps over which epsilon falls linearly from start to end."""
+    """environment steps over which epsilon falls linearly from start to end (0: epsilon_end
+    from the first step)."""
     prioritized: bool = False
     """proportional prioritized replay."""
     per_alpha: float = 0.6
     per_beta: float = 0.4
     """initial importance-weight exponent, annealed linearly to 1 over training."""
     per_eps: float = 1e-6
+    """added to |TD error| before the exponent, so no item's priority is 0 (must be > 0)."""
     q_widths: tuple[int, ...] = (120, 84)
     """Q-network hidden widths; even layers column-split, odd row-split over `model`."""
     activation: Literal["tanh", "relu", "gelu", "silu"] = "relu"
@@ -144,41 +147,6 @@ class DQNBatch(NamedTuple):
     weight: jax.Array  # [n] importance weight (ones when uniform)
 
 
-def nstep_return(rewards, terminated, truncated, gamma: float):
-    """n-step return of windows ``[N, n]`` cut at the first episode end.
-
-    Returns ``(partial_return [N], bootstrap_discount [N], end [N])``: the target is
-    ``partial_return + bootstrap_discount * V(final_obs[:, end])``. With ``m = end`` the first
-    terminated or truncated step (``n - 1`` if none), ``partial_return = sum_{k<=m} gamma^k r_k``
-    and ``bootstrap_discount = gamma^(m+1)``, or 0 when step ``m`` terminated.
-    """
-    n = rewards.shape[-1]
-    ended = jnp.logical_or(terminated, truncated)
-    # Steps after the first end belong to the next episode.
-    before_end = jnp.cumsum(ended, axis=-1) - ended  # ends strictly before k
-    inside = before_end == 0
-    discounts = gamma ** jnp.arange(n, dtype=jnp.float32)
-    partial = jnp.sum(jnp.where(inside, rewards * discounts, 0.0), axis=-1)
-    end = jnp.minimum(jnp.sum(inside, axis=-1) - 1, n - 1)
-    terminal = jnp.take_along_axis(terminated, end[:, None], axis=-1)[:, 0]
-    bootstrap = jnp.where(terminal, 0.0, gamma ** (end + 1).astype(jnp.float32))
-    return partial, bootstrap, end
-
-
-def bootstrap_value(target_q: jax.Array, online_q: jax.Array | None = None) -> jax.Array:
-    """``[N, A]`` -> ``[N]``: ``max_a Q_target``, or with ``online_q`` (Double DQN)
-    ``Q_target(argmax_a Q_online)``."""
-    chooser = target_q if online_q is None else online_q
-    action = jnp.argmax(chooser, axis=-1)
-    return jnp.take_along_axis(target_q, action[:, None], axis=-1)[:, 0]
-
-
-def td_loss(error: jax.Array, kind: str) -> jax.Array:
-    if kind == "huber":
-        return optax.huber_loss(error, delta=1.0)
-    return jnp.square(error)
-
-
 class DQN(Algorithm):
     """DQN built from a config; methods are pure functions of their array arguments.
 
@@ -209,6 +177,11 @@ class DQN(Algorithm):
         for name in ("learning_starts", "epsilon_decay_steps", "max_grad_norm", "per_alpha"):
             if getattr(c, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(c, name)}")
+        if not c.per_eps > 0:
+            raise ConfigError(
+                f"per_eps must be > 0 (a zero priority would never be sampled again), got "
+                f"{c.per_eps}"
+            )
         if not c.lr > 0:
             raise ConfigError(f"lr (learning rate) must be > 0, got {c.lr}")
         for name in ("epsilon_start", "epsilon_end", "gamma", "per_beta"):
@@ -310,7 +283,10 @@ class DQN(Algorithm):
 
     def epsilon(self, env_steps: jax.Array) -> jax.Array:
         c = self.config
-        fraction = jnp.clip(env_steps / max(c.epsilon_decay_steps, 1), 0.0, 1.0)
+        if c.epsilon_decay_steps == 0:
+            fraction = jnp.ones_like(env_steps, jnp.float32)
+        else:
+            fraction = jnp.clip(env_steps / c.epsilon_decay_steps, 0.0, 1.0)
         return c.epsilon_start + fraction * (c.epsilon_end - c.epsilon_start)
 
     def act(self, params, obs, key, epsilon):

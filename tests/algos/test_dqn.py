@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rljax import DQN, ConfigError, DQNConfig, RunConfig
-from rljax.algos.dqn import bootstrap_value, nstep_return
+from rljax.algos.td import bootstrap_value, nstep_return
 from rljax.parallel import make_mesh
 from rljax.runner import ShardedRun, prepare
 
