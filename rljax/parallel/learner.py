@@ -19,17 +19,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from jax.flatten_util import ravel_pytree
 from jax.sharding import PartitionSpec
 
-from rljax.parallel import compression
 from rljax.parallel.replicas import REPLICA_AXIS, per_replica, replica_mesh_axis
 from rljax.parallel.rules import constrain, prepend_axis, spending, to_mesh_specs
 from rljax.parallel.sync import SyncConfig, strategy_for
-
-
-def _is_spec(x) -> bool:
-    return isinstance(x, PartitionSpec)
 
 
 class Learner:
@@ -148,7 +142,8 @@ class Learner:
         return params, opt_state, state, {**metrics, "synced": synced}
 
     # -- collectives for strategies ---------------------------------------------------------------
-    def _led(self, specs):
+    def led(self, specs):
+        """Mesh specs of per-replica arrays ``[R@replica, ...]``."""
         return prepend_axis(specs, REPLICA_AXIS)
 
     def mean(self, grads):
@@ -157,77 +152,4 @@ class Learner:
             return jax.tree.map(lambda g: g[0], grads)
         specs = self.param_specs
         fn = lambda g: jax.lax.pmean(g, REPLICA_AXIS)  # noqa: E731
-        return per_replica(fn, self.replicas, (self._led(specs),), specs)(grads)
-
-    def average(self, params, opt_state, with_opt_state: bool = False):
-        """Per-replica ``params``/``opt_state`` -> every replica holds their mean."""
-
-        def fn(params, opt_state):
-            params = jax.lax.pmean(params, REPLICA_AXIS)
-            if with_opt_state:
-                opt_state = jax.tree.map(
-                    lambda x: jax.lax.pmean(x, REPLICA_AXIS)
-                    if jnp.issubdtype(x.dtype, jnp.floating)
-                    else x,
-                    opt_state,
-                )
-            return params, opt_state
-
-        specs = (self._led(self.param_specs), self._led(to_mesh_specs(self.opt_logical)))
-        return per_replica(fn, self.replicas, specs, specs)(params, opt_state)
-
-    def local_copy(self, params):
-        """Per-replica ``params`` equal on every replica (right after ``average``) as one
-        replicated copy: each device keeps its own. (Slicing replica 0 out of ``[R@data]`` would
-        make the partitioner broadcast it from one shard.)"""
-        specs = self.param_specs
-        return per_replica(lambda p: p, self.replicas, (self._led(specs),), specs)(params)
-
-    def compression_groups(self):
-        """``(treedef, groups)``: leaf indices compressed together, one group per set of mesh
-        axes the leaves are split over, so a group's flat vector holds the same kind of slice
-        on every device (a leaf replicated over `model` gets the same blocks everywhere)."""
-        leaves, treedef = jax.tree.flatten(self.param_specs, is_leaf=_is_spec)
-        group_of = [frozenset(a for a in spec if a is not None) for spec in leaves]
-        return treedef, [
-            [i for i, g in enumerate(group_of) if g == k] for k in dict.fromkeys(group_of)
-        ]
-
-    def compressed_mean(self, grads, residual, config: SyncConfig):
-        """``[R@replica, ...]`` gradients (+ residuals) -> (mean estimate ``[...]``, residuals).
-
-        Without error feedback ``residual`` is ``None`` and so is the returned one."""
-        replicas = self.replicas
-
-        def compress(flat):
-            if config.compression == "int8":
-                return compression.int8_mean(flat, replicas, config.block_size)
-            return compression.topk_mean(flat, replicas, config.topk_fraction)
-
-        treedef, groups = self.compression_groups()
-
-        def grouped(grad, residual):
-            grad_leaves = treedef.flatten_up_to(grad)
-            res_leaves = treedef.flatten_up_to(residual) if residual is not None else None
-            estimate, new_residual = [None] * len(grad_leaves), [None] * len(grad_leaves)
-            for group in groups:
-                flat, unravel = ravel_pytree([grad_leaves[i] for i in group])
-                if res_leaves is not None:
-                    flat = flat + ravel_pytree([res_leaves[i] for i in group])[0]
-                group_estimate, group_residual = compress(flat)
-                for i, e, r in zip(
-                    group, unravel(group_estimate), unravel(group_residual), strict=True
-                ):
-                    estimate[i], new_residual[i] = e, r
-            estimate = treedef.unflatten(estimate)
-            if residual is None:
-                return estimate
-            return estimate, treedef.unflatten(new_residual)
-
-        specs = self.param_specs
-        led = self._led(specs)
-        if residual is None:
-            run = per_replica(lambda g: grouped(g, None), replicas, (led,), specs)
-            return run(grads), None
-        run = per_replica(grouped, replicas, (led, led), (specs, led))
-        return run(grads, residual)
+        return per_replica(fn, self.replicas, (self.led(specs),), specs)(grads)

@@ -17,6 +17,7 @@ from rljax.parallel import compression, make_mesh
 from rljax.parallel.learner import Learner
 from rljax.parallel.replicas import per_replica
 from rljax.parallel.sync import SyncConfig, validate_sync
+from rljax.parallel.sync.compressed import compression_groups
 from rljax.runner import ShardedRun
 
 TINY = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 2, num_minibatches=2)
@@ -266,7 +267,7 @@ def test_int8_sends_about_a_quarter(allreduce_bytes):
     always, _, params = data_bytes("compressed", compression="int8", block_size=block)
     learner, *_ = make_learner("compressed", 4)
     sizes = [x.size for x in jax.tree.leaves(params)]
-    _, groups = learner.compression_groups()
+    _, groups = compression_groups(learner)
     length = sum(sizes)
     padded = sum(compression.padded_length(sum(sizes[i] for i in g), 4, block) for g in groups)
     # Two int8 stages (all_to_all, all_gather) plus one f32 scale per block, ring convention.
@@ -282,7 +283,7 @@ def test_topk_bytes_match_k(allreduce_bytes):
     always, _, params = data_bytes("compressed", compression="topk", topk_fraction=fraction)
     learner, *_ = make_learner("compressed", 4)
     sizes = [x.size for x in jax.tree.leaves(params)]
-    _, groups = learner.compression_groups()
+    _, groups = compression_groups(learner)
     k = sum(compression.topk_count(sum(sizes[i] for i in g), fraction) for g in groups)
     assert k == pytest.approx(fraction * sum(sizes), abs=len(groups))
     assert always == pytest.approx(3 * k * (4 + 4))  # (R-1) * k * (f32 value + int32 index)

@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec
 
 from rljax.errors import ConfigError
 from rljax.parallel.sync.base import positive, register, tree_norm
-from rljax.parallel.sync.local_sgd import LocalSGD
+from rljax.parallel.sync.local_sgd import LocalSGD, local_copy
 
 
 def divergence(params, anchor) -> jax.Array:
@@ -45,7 +45,7 @@ class Adaptive(LocalSGD):
     def after(self, learner, params, state, is_sync):
         # Each device keeps its own copy of the just-averaged parameters: nothing moves.
         state["anchor"] = jax.lax.cond(
-            is_sync, lambda: learner.local_copy(params), lambda: state["anchor"]
+            is_sync, lambda: local_copy(learner, params), lambda: state["anchor"]
         )
         state["since_sync"] = jnp.where(is_sync, 0, state["since_sync"] + 1)
         return state

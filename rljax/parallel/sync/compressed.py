@@ -4,12 +4,65 @@ is added to the next step's gradient (``rljax.parallel.compression``)."""
 
 import jax
 import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+from jax.sharding import PartitionSpec
 
 from rljax.errors import ConfigError
+from rljax.parallel import compression
+from rljax.parallel.replicas import per_replica
 from rljax.parallel.rules import prepend_axis
 from rljax.parallel.sync.base import Strategy, positive, register, tree_norm
 
 COMPRESSIONS = ("int8", "topk")
+
+
+def compression_groups(learner):
+    """``(treedef, groups)``: leaf indices compressed together, one group per set of mesh axes
+    the leaves are split over, so a group's flat vector holds the same kind of slice on every
+    device (a leaf replicated over `model` gets the same blocks and top-k choice everywhere)."""
+    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+    leaves, treedef = jax.tree.flatten(learner.param_specs, is_leaf=is_spec)
+    group_of = [frozenset(a for a in spec if a is not None) for spec in leaves]
+    return treedef, [[i for i, g in enumerate(group_of) if g == k] for k in dict.fromkeys(group_of)]
+
+
+def compressed_mean(learner, grads, residual, config):
+    """``[R@replica, ...]`` gradients (+ residuals) -> (mean estimate ``[...]``, residuals).
+
+    Without error feedback ``residual`` is ``None`` and so is the returned one."""
+    replicas = learner.replicas
+
+    def compress(flat):
+        if config.compression == "int8":
+            return compression.int8_mean(flat, replicas, config.block_size)
+        return compression.topk_mean(flat, replicas, config.topk_fraction)
+
+    treedef, groups = compression_groups(learner)
+
+    def grouped(grad, residual):
+        grad_leaves = treedef.flatten_up_to(grad)
+        res_leaves = treedef.flatten_up_to(residual) if residual is not None else None
+        estimate, new_residual = [None] * len(grad_leaves), [None] * len(grad_leaves)
+        for group in groups:
+            flat, unravel = ravel_pytree([grad_leaves[i] for i in group])
+            if res_leaves is not None:
+                flat = flat + ravel_pytree([res_leaves[i] for i in group])[0]
+            group_estimate, group_residual = compress(flat)
+            pieces = zip(group, unravel(group_estimate), unravel(group_residual), strict=True)
+            for i, e, r in pieces:
+                estimate[i], new_residual[i] = e, r
+        estimate = treedef.unflatten(estimate)
+        if residual is None:
+            return estimate
+        return estimate, treedef.unflatten(new_residual)
+
+    specs = learner.param_specs
+    led = learner.led(specs)
+    if residual is None:
+        run = per_replica(lambda g: grouped(g, None), replicas, (led,), specs)
+        return run(grads), None
+    run = per_replica(grouped, replicas, (led, led), (specs, led))
+    return run(grads, residual)
 
 
 @register
@@ -37,7 +90,7 @@ class Compressed(Strategy):
         return {"residual": prepend_axis(learner.param_logical, "replica")}
 
     def step(self, learner, params, opt_state, state, grads, apply):
-        grad, residual = learner.compressed_mean(grads, state.get("residual"), self.config)
+        grad, residual = compressed_mean(learner, grads, state.get("residual"), self.config)
         metrics = {}
         if residual is not None:
             state["residual"] = residual

@@ -9,7 +9,36 @@ nonlinear: averaging parameters after K=1 purely local steps would not be synchr
 import jax
 import jax.numpy as jnp
 
+from rljax.parallel.replicas import REPLICA_AXIS, per_replica
+from rljax.parallel.rules import to_mesh_specs
 from rljax.parallel.sync.base import Strategy, positive, register, tree_norm
+
+
+def average(learner, params, opt_state, with_opt_state: bool = False):
+    """Per-replica ``params``/``opt_state`` ``[R@replica, ...]`` -> every replica holds their
+    mean (floating optimizer leaves too when ``with_opt_state``)."""
+
+    def fn(params, opt_state):
+        params = jax.lax.pmean(params, REPLICA_AXIS)
+        if with_opt_state:
+            opt_state = jax.tree.map(
+                lambda x: jax.lax.pmean(x, REPLICA_AXIS)
+                if jnp.issubdtype(x.dtype, jnp.floating)
+                else x,
+                opt_state,
+            )
+        return params, opt_state
+
+    specs = (learner.led(learner.param_specs), learner.led(to_mesh_specs(learner.opt_logical)))
+    return per_replica(fn, learner.replicas, specs, specs)(params, opt_state)
+
+
+def local_copy(learner, params):
+    """Per-replica ``params`` equal on every replica (right after ``average``) as one replicated
+    copy: each device keeps its own. (Slicing replica 0 out of ``[R@data]`` would make the
+    partitioner broadcast it from one shard.)"""
+    specs = learner.param_specs
+    return per_replica(lambda p: p, learner.replicas, (learner.led(specs),), specs)(params)
 
 
 @register
@@ -43,7 +72,7 @@ class LocalSGD(Strategy):
             grad = learner.mean(grads)
             params, opt_state = shared_apply(grad, opt_state, params)
             if self.averages():
-                params, opt_state = learner.average(params, opt_state, average_opt)
+                params, opt_state = average(learner, params, opt_state, average_opt)
             return params, opt_state, tree_norm(grad)
 
         def local(params, opt_state, grads):
