@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from rljax.run_log import read_metrics
-from rljax.train import main
+from rljax.cli import main
+from rljax.run.run_log import read_metrics
 
 
 def test_help_lists_every_field_with_defaults():
     result = subprocess.run(
-        [sys.executable, "-m", "rljax.train", "ppo", "--help"],
+        [sys.executable, "-m", "rljax", "train", "ppo", "--help"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -40,6 +40,7 @@ def test_help_lists_every_field_with_defaults():
 def test_short_run_writes_config_metrics_and_plot(tmp_path, capsys, seeds):
     code = main(
         [
+            "train",
             "ppo",
             "--mesh",
             "data=2,model=2",
@@ -71,17 +72,3 @@ def test_short_run_writes_config_metrics_and_plot(tmp_path, capsys, seeds):
     assert (seeds > 1) == ("episode_return_per_seed" in rows[0])
     assert (run_dir / "learning_curve.png").stat().st_size > 1000
     assert "steps/s" in out and str(run_dir / "metrics.jsonl") in out
-
-
-def test_rerun_with_same_name_replaces_metrics(tmp_path):
-    from rljax.run_log import RunLog
-
-    for _ in range(2):
-        log = RunLog(tmp_path / "same")
-        log.append([{"update": 1, "env_steps": 8}])
-        log.close()
-    assert len(read_metrics(tmp_path / "same" / "metrics.jsonl")) == 1
-    log = RunLog(tmp_path / "same", append=True)
-    log.append([{"update": 2, "env_steps": 16}])
-    log.close()
-    assert [r["update"] for r in read_metrics(tmp_path / "same" / "metrics.jsonl")] == [1, 2]

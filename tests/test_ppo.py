@@ -7,7 +7,8 @@ import pytest
 
 from rljax import PPO, PPOConfig
 from rljax.parallel import make_mesh
-from rljax.runner import RunConfig, ShardedRun, rules_for
+from rljax.run import RunConfig
+from rljax.run.sharded import ShardedRun, rules_for
 
 TINY = PPOConfig(num_envs=4, num_steps=32, total_timesteps=4 * 32 * 6, num_minibatches=2)
 
@@ -65,7 +66,7 @@ def test_vmapped_seeds_equal_separate_runs():
 
 def test_seeds_can_be_placed_on_the_data_axis():
     mesh = make_mesh("data=2,model=2")
-    run_config = RunConfig(num_seeds=2, seed_axis="data")
+    run_config = RunConfig.make(num_seeds=2, seed_axis="data")
     run = ShardedRun(PPO(TINY, rules_for(run_config)), mesh, num_seeds=2, chunk_size=2)
     state, metrics = run.run_chunk(run.init(jax.random.key(7)), 2)
     kernel = state.params["params"]["critic"]["dense_0"]["kernel"]

@@ -17,7 +17,7 @@ from rljax.parallel import compression, make_mesh
 from rljax.parallel.replicas import per_replica
 from rljax.parallel.sharding import LOGICAL_RULES
 from rljax.parallel.sync import GradientSync, SyncConfig, validate_sync
-from rljax.runner import ShardedRun
+from rljax.run.sharded import ShardedRun
 
 TINY = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 2, num_minibatches=2)
 

@@ -1,20 +1,21 @@
-"""Sharded execution of an algorithm: run configuration, validation, layouts, compiled chunks.
+"""An algorithm placed on a mesh: validation, sharded init, one compiled chunk program.
 
-    run = ShardedRun(PPO(config, rules, replicas=2), mesh, num_seeds=8)
+    mesh, algo = prepare(PPOConfig(), RunConfig.make(mesh="data=2,model=2"))
+    run = ShardedRun(algo, mesh, num_seeds=8, chunk_size=20)
     state = run.init(jax.random.key(0))          # born sharded: jit(init, out_shardings=...)
     state, metrics = run.run_chunk(state, 20)    # 20 updates in one compiled call
-    for state, metrics, done in run.chunks(state, 976): ...  # the host loop's chunking
 
-``rljax.training.train(algo_config, RunConfig(...))`` is the whole job around it.
+``rljax.run.loop.Loop`` runs chunks to the end with hooks; ``rljax.run.training.train`` is the
+whole job. The algorithm registry and the algorithm constructor are used only by the functions
+under "Algorithms" below.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import time
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,85 +31,85 @@ from rljax.parallel.sharding import (
     prepend_axis,
     rules_with,
 )
+from rljax.run.config import RunConfig, sweepable_fields, validate_run
 
 
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """Where and how a run executes (not part of the algorithm's maths)."""
-
-    mesh: str = "data=1,model=1"
-    """device mesh, e.g. 'data=2,model=2'; one axis may be -1 (all remaining devices)."""
-    num_devices: int | None = None
-    """emulate this many CPU devices (must be set before JAX starts)."""
-    seed: int = 0
-    num_seeds: int = 1
-    """independent seeds vmapped inside one jit."""
-    seed_axis: Literal["none", "data"] = "none"
-    """'data' places the seeds on the data axis (each seed's envs then stay on one data shard)."""
-    log_every: int = 25
-    """updates per jitted chunk; progress and metrics are written between chunks."""
-    run_name: str | None = None
-    """run directory name under runs_dir (default: <algo>-<env>-<time>)."""
-    runs_dir: str = "runs"
-    quiet: bool = False
-    measure_comm: bool = True
-    """count the collectives of one compiled optimizer step and log bytes per update."""
-    checkpoint_every: int = 100
-    """updates between orbax checkpoints (at chunk ends; also at the end and on SIGTERM)."""
-    keep_checkpoints: int = 3
-    resume: str | None = None
-    """run directory to continue from its newest valid checkpoint, e.g. runs/<name>."""
-    on_nonfinite: Literal["stop", "rollback"] = "stop"
-    """NaN/Inf loss, gradient or parameters: stop, or roll back to the last checkpoint."""
-    max_rollbacks: int = 3
-    debug_nonfinite_at: int = 0
-    """testing aid: make the parameters NaN after this update (0: off)."""
-    eval_every: int = 100
-    """updates between greedy evaluations on separate environments (0: off)."""
-    eval_episodes: int = 8
-    """evaluation environments (one episode each), sharded like the training batch."""
-    tensorboard: bool = False
-    """also write metrics as TensorBoard events to <run dir>/tensorboard (needs tensorboardX)."""
-    wandb: bool = False
-    """also log metrics to Weights & Biases, offline unless WANDB_MODE says otherwise (needs
-    wandb; files under <run dir>/wandb, upload later with `wandb sync`)."""
-    wandb_project: str = "rljax"
+# -- Algorithms: the registry and the constructor, read nowhere else in rljax.run -----------------
+def config_type_of(name: str) -> type:
+    """The config dataclass of the registered algorithm ``name`` (CLI subcommands, resume)."""
+    return ALGORITHMS[name].config_type
 
 
-def validate_run(run: RunConfig, mesh: Mesh) -> None:
-    for name in ("num_seeds", "log_every", "checkpoint_every", "keep_checkpoints"):
-        if getattr(run, name) < 1:
-            raise ConfigError(f"{name} must be >= 1, got {getattr(run, name)}")
-    if run.max_rollbacks < 0:
-        raise ConfigError(f"max_rollbacks must be >= 0, got {run.max_rollbacks}")
-    if run.eval_every < 0:
-        raise ConfigError(f"eval_every must be >= 0 (0: no evaluation), got {run.eval_every}")
-    data = 1 if run.seed_axis == "data" else mesh.shape["data"]
-    if run.eval_every and (run.eval_episodes < 1 or run.eval_episodes % data):
+def registered_names() -> list[str]:
+    return list(ALGORITHMS)
+
+
+def _entry(algo_cls):
+    """The registry entry ``algo_cls`` is (or derives from), or None."""
+    for entry in ALGORITHMS.values():
+        if issubclass(algo_cls, entry.build):
+            return entry
+    return None
+
+
+def resolve_algorithm(spec) -> tuple[type, Any]:
+    """``(algorithm class, config)`` of an algorithm config, instance or class.
+
+    A config picks the registered algorithm whose config type it is exactly (a config subclass
+    belongs to an algorithm subclass: pass that instance); a class gets its default config."""
+    if isinstance(spec, type):
+        config_type = getattr(spec, "config_type", None)
+        if config_type is None and _entry(spec) is not None:
+            config_type = _entry(spec).config_type
+        if config_type is None:
+            raise ConfigError(f"{spec.__qualname__} is not an algorithm class (no config type)")
+        return spec, config_type()
+    if dataclasses.is_dataclass(spec):
+        for entry in ALGORITHMS.values():
+            if type(spec) is entry.config_type:
+                return entry.build, spec
         raise ConfigError(
-            f"eval_episodes={run.eval_episodes} must be a positive multiple of the data axis "
-            f"size {data} (evaluation environments are sharded like the training batch)"
+            f"{type(spec).__qualname__} is not the config of a registered algorithm "
+            f"({', '.join(ALGORITHMS)}); pass the algorithm instance instead, e.g. "
+            f"train(MyAlgorithm({type(spec).__name__}(...)))"
         )
-    optional = {"tensorboard": "tensorboardX", "wandb": "wandb"}  # flag = the rljax extra
-    for flag, module in optional.items():
-        if getattr(run, flag):
-            try:
-                importlib.import_module(module)
-            except ImportError:
-                raise ConfigError(
-                    f"--{flag} needs {module}: pip install 'rljax[{flag}]' "
-                    f"(or pip install {module})"
-                ) from None
-    if run.seed_axis == "data" and run.num_seeds % mesh.shape["data"]:
-        raise ConfigError(
-            f"seed_axis='data' needs num_seeds ({run.num_seeds}) divisible by the data axis size "
-            f"{mesh.shape['data']}"
-        )
+    if hasattr(spec, "config") and hasattr(spec, "update"):
+        return type(spec), spec.config
+    raise ConfigError(f"cannot train {spec!r}: give an algorithm config, instance or class")
 
 
+def algorithm_name(algo_cls) -> str:
+    """The registry name of ``algo_cls``, or its qualified name if it is not registered."""
+    for name, entry in ALGORITHMS.items():
+        if algo_cls is entry.build:
+            return name
+    return f"{algo_cls.__module__}.{algo_cls.__qualname__}"
+
+
+def build_algorithm(algo_cls, config, replicas: int, rules, swept: tuple[str, ...] = ()):
+    """``algo_cls`` built for ``replicas`` data-parallel replicas (the mesh decides them)."""
+    return algo_cls(config, rules, replicas, swept=swept)
+
+
+def validate_algorithm(algo_cls, config, replicas: int, model_size: int) -> None:
+    entry = _entry(algo_cls)
+    if entry is not None:
+        entry.validate(config, replicas, model_size)
+
+
+def sweepable_of(algo_cls, config) -> tuple[str, ...]:
+    """Float fields held as traced hyperparameters: field metadata, else the registry's list."""
+    fields = sweepable_fields(type(config))
+    if fields:
+        return fields
+    entry = _entry(algo_cls)
+    return tuple(entry.sweepable) if entry is not None else ()
+
+
+# -- Placement ------------------------------------------------------------------------------------
 def rules_for(run: RunConfig) -> dict[str, str | None]:
     """Seeds on `data` take the axis from the environment batch."""
-    if run.seed_axis == "data":
+    if run.parallel.seed_axis == "data":
         return rules_with(seed="data", batch=None, replica=None)
     return dict(LOGICAL_RULES)
 
@@ -212,8 +213,10 @@ class ShardedRun:
         with jax.set_mesh(self.mesh):
             return self._init_jit(replicate(self.mesh, key))
 
-    def abstract_state(self, key: jax.Array):
-        """The state as ``ShapeDtypeStruct`` leaves with shardings (ahead-of-time lowering)."""
+    def abstract_state(self, key: jax.Array | None = None):
+        """The state as ``ShapeDtypeStruct`` leaves with shardings (ahead-of-time lowering,
+        checkpoint restore targets)."""
+        key = jax.random.key(0) if key is None else key
         return jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
             jax.eval_shape(self._init_from_seed_key, key),
@@ -232,23 +235,16 @@ class ShardedRun:
             t2 = time.perf_counter()
         self.compile_seconds = {"init": t1 - t0, "chunk": t2 - t1}
 
-    def chunks(self, state, num_updates: int, start: int = 0):
-        """Run updates ``start..num_updates`` chunk by chunk; yields ``(state, metrics,
-        updates_done)`` after each chunk, metrics trimmed to that chunk's updates (on device)."""
-        done = start
-        while done < num_updates:
-            count = min(self.chunk_size, num_updates - done)
-            state, metrics = self.run_chunk(state, count)
-            done += count
-            yield state, jax.tree.map(lambda m, n=count: m[:n], metrics), done
-
     def run_chunk(self, state, num_updates: int):
+        """``num_updates`` (1..chunk_size) updates in one call -> ``(state, metrics
+        [chunk_size, (S,)])``; rows past ``num_updates`` are zeros (``Loop`` trims them)."""
         if not 0 < num_updates <= self.chunk_size:
             raise ValueError(f"num_updates must be in [1, {self.chunk_size}], got {num_updates}")
         with jax.set_mesh(self.mesh):
             return self._chunk_jit(state, replicate(self.mesh, jnp.int32(num_updates)))
 
 
+# -- Communication (HLO accounting; moves to rljax.diagnostics) ----------------------------------
 def communication(algo, mesh: Mesh) -> dict[str, dict[str, float]]:
     """Bytes per device of one compiled optimizer step of ``algo`` on ``mesh``, by mesh axis.
 
@@ -283,30 +279,32 @@ def comm_bytes_per_update(comm: dict, optimizer_steps, syncs) -> dict[str, float
     }
 
 
-def algorithm_name(algo_config) -> str:
-    for name, algorithm in ALGORITHMS.items():
-        if isinstance(algo_config, algorithm.config_type):
-            return name
-    raise ConfigError(
-        f"unknown algorithm config {type(algo_config).__name__}; known: {sorted(ALGORITHMS)}"
-    )
-
-
-def prepare(algo_config, run: RunConfig, swept: tuple[str, ...] = ()) -> tuple[Mesh, Any]:
-    """Validate everything and build mesh and algorithm; raises ``ConfigError`` before compiling."""
-    algorithm = ALGORITHMS[algorithm_name(algo_config)]
-    if run.num_devices is not None:
-        set_num_cpu_devices(run.num_devices)
-    mesh = make_mesh(run.mesh)
+# -- Everything checked, then built ---------------------------------------------------------------
+def make_run_mesh(run: RunConfig) -> Mesh:
+    if run.parallel.num_devices is not None:
+        set_num_cpu_devices(run.parallel.num_devices)
+    mesh = make_mesh(run.parallel.mesh)
     if jax.process_count() > 1 and mesh.devices.size != jax.device_count():
         raise ConfigError(
-            f"mesh {run.mesh!r} uses {mesh.devices.size} of the {jax.device_count()} devices of "
-            f"{jax.process_count()} processes; with several processes the mesh must span every "
-            "device (e.g. data=-1,model=2)"
+            f"mesh {run.parallel.mesh!r} uses {mesh.devices.size} of the {jax.device_count()} "
+            f"devices of {jax.process_count()} processes; with several processes the mesh must "
+            "span every device (e.g. data=-1,model=2)"
         )
+    return mesh
+
+
+def replicas_for(run: RunConfig, mesh: Mesh) -> int:
+    """One data-parallel replica per data shard; seeds on `data` leave each seed's environment
+    batch whole on its data shard (one replica)."""
+    return 1 if run.parallel.seed_axis == "data" else mesh.shape["data"]
+
+
+def prepare(algorithm, run: RunConfig, swept: tuple[str, ...] = ()) -> tuple[Mesh, Any]:
+    """Validate everything and build mesh and algorithm (a config, instance or class: an
+    instance is rebuilt as its own class for the mesh); raises ``ConfigError`` before compiling."""
+    algo_cls, config = resolve_algorithm(algorithm)
+    mesh = make_run_mesh(run)
     validate_run(run, mesh)
-    # One data-parallel replica per data shard; seeds on `data` leave each seed's environment
-    # batch whole on its data shard (one replica).
-    replicas = 1 if run.seed_axis == "data" else mesh.shape["data"]
-    algorithm.validate(algo_config, replicas, mesh.shape["model"])
-    return mesh, algorithm.build(algo_config, rules_for(run), replicas, swept=swept)
+    replicas = replicas_for(run, mesh)
+    validate_algorithm(algo_cls, config, replicas, mesh.shape["model"])
+    return mesh, build_algorithm(algo_cls, config, replicas, rules_for(run), swept=swept)
