@@ -72,3 +72,18 @@ def test_short_run_writes_config_metrics_and_plot(tmp_path, capsys, seeds):
     assert (seeds > 1) == ("episode_return_per_seed" in rows[0])
     assert (run_dir / "learning_curve.png").stat().st_size > 1000
     assert "steps/s" in out and str(run_dir / "metrics.jsonl") in out
+
+
+def test_top_level_commands_and_console_script(capsys):
+    assert main(["--help"]) == 0
+    assert "rljax train {ppo,dqn}" in capsys.readouterr().out  # subcommands from the registry
+    assert main(["trian", "ppo"]) == 2
+    assert "error: unknown command 'trian'; expected train or launch" in capsys.readouterr().err
+    # `rljax launch` is rljax.launch.main: its own one-line input errors
+    assert main(["launch", "--num-processes", "-1", "--", "train"]) == 2
+    assert "launch: error: --num-processes must be an integer >= 1" in capsys.readouterr().err
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"] == {"rljax": "rljax.cli:main"}
