@@ -43,6 +43,7 @@ from rljax.run.sharded import (
     build_algorithm,
     communication,
     prepare,
+    registered_names,
     resolve_algorithm,
     rules_for,
 )
@@ -123,7 +124,7 @@ class Session:
         }
 
     def resume_command(self) -> str:
-        if self.name.count("."):  # not a registered algorithm: resumed from Python
+        if self.name not in registered_names():  # resumed from Python, not the CLI
             return f"train(..., RunConfig.make(resume={str(self.run_dir)!r}))"
         return f"python -m rljax train {self.name} --resume {self.run_dir}"
 
