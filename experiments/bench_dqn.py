@@ -78,7 +78,7 @@ def worker(group: str, args: argparse.Namespace) -> dict:
 
     from rljax import DQN, DQNConfig
     from rljax.parallel import make_mesh
-    from rljax.runner import ShardedRun
+    from rljax.run.sharded import ShardedRun
 
     cfg = DQNConfig(total_timesteps=args.total_timesteps)
     steps = cfg.num_updates * cfg.env_steps_per_update

@@ -200,21 +200,21 @@ def write_json_compact(path: Path, name: str, report: dict[str, Any]) -> None:
 
 def train_seeds(algo_config, seeds: list[int], chunk_size: int | None = None, progress=log):
     """Train ``algo_config`` once per seed, the seeds vmapped in one jit on a ``data=1,model=1``
-    mesh. Seed ``s`` starts from ``algo.init(jax.random.key(s))``, as ``rljax.train`` with
-    ``--seed s`` and as a ``rljax.sweep`` member with seed ``s`` do.
+    mesh. Seed ``s`` starts from ``algo.init(jax.random.key(s))``, as ``rljax train`` with
+    ``--seed s`` and as a ``rljax.run.sweep`` member with seed ``s`` do.
 
     Returns ``{"metrics": {name: [U, S] numpy}, "compile_s", "init_s", "run_s"}``: compile of the
     init and chunk programs (``ShardedRun.compile``), the seeds' init, and the chunk calls."""
     import jax
     import numpy as np
 
-    from rljax.runner import RunConfig, ShardedRun, prepare
+    from rljax.run import RunConfig, ShardedRun, prepare
 
     num_seeds = len(seeds)
-    mesh, algo = prepare(algo_config, RunConfig(mesh="data=1,model=1", num_seeds=num_seeds))
+    layout, algo = prepare(algo_config, RunConfig.make(mesh="data=1,model=1", num_seeds=num_seeds))
     num_updates = algo_config.num_updates
     chunk_size = chunk_size or min(num_updates, max(1, -(-num_updates // 20)))
-    run = ShardedRun(algo, mesh, num_seeds=num_seeds, chunk_size=chunk_size)
+    run = ShardedRun(algo, layout, num_seeds=num_seeds, chunk_size=chunk_size)
     run.compile(jax.random.key(seeds[0]))
     t0 = time.perf_counter()
     if num_seeds > 1:

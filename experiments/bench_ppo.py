@@ -115,7 +115,7 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
 
     from rljax import PPO, PPOConfig
     from rljax.parallel import make_mesh
-    from rljax.runner import ShardedRun
+    from rljax.run.sharded import ShardedRun
 
     cfg = PPOConfig(total_timesteps=total_timesteps)
     steps_per_seed = cfg.num_updates * cfg.batch_size

@@ -2,11 +2,11 @@
 
     python experiments/eval_overhead.py            # PPO and DQN on CartPole-v1, 3 repeats
 
-Each row is a whole ``rljax.train`` run (host loop, checkpoints and all) on one CPU device, once
-with ``eval_every=0`` and once with the default interval (``RunConfig().eval_every`` updates,
-``eval_episodes`` greedy episodes on separate environments); runs alternate so load drift hits
-both alike, and the best of ``--repeats`` is compared. Writes experiments/results/eval_overhead.md
-and .json.
+Each row is a whole ``rljax.train()`` run (host loop, checkpoints and all) on one CPU device,
+once with ``eval_every=0`` and once with the default interval (``EvalConfig().eval_every``
+updates, ``eval_episodes`` greedy episodes on separate environments); runs alternate so load drift
+hits both alike, and the best of ``--repeats`` is compared. Writes
+experiments/results/eval_overhead.md and .json.
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ def main(argv=None) -> None:
     jax.config.update("jax_num_cpu_devices", 1)
     from rljax import DQNConfig, PPOConfig, RunConfig, train
 
-    default = RunConfig()
+    default = RunConfig().evaluation
     rows = []
     for name, config in (("ppo", PPOConfig()), ("dqn", DQNConfig())):
         speeds = {0: [], default.eval_every: []}
         for repeat in range(args.repeats):
             for every in speeds:
                 with tempfile.TemporaryDirectory() as tmp:
-                    run = RunConfig(runs_dir=tmp, run_name="x", quiet=True, eval_every=every)
+                    run = RunConfig.make(runs_dir=tmp, run_name="x", quiet=True, eval_every=every)
                     result = train(config, run)
                 speeds[every].append(result.steps_per_second)
                 log(f"{name} eval_every={every} repeat {repeat}: {speeds[every][-1]:,.0f} steps/s")

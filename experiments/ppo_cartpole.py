@@ -9,7 +9,7 @@ Config: ``PPOConfig()`` (PureJaxRL's CartPole settings): 4 envs x 128 steps per 
 4 minibatches, Adam lr 2.5e-4 annealed linearly to 0, gamma 0.99, GAE lambda 0.95, clip 0.2,
 entropy 0.01, value 0.5, grad norm 0.5, actor and critic 2x64 tanh; 5e5 env steps per seed.
 The seeds are vmapped in one jit on a ``data=1,model=1`` mesh; seed ``s`` starts from
-``jax.random.key(s)`` (as ``python -m rljax.train ppo --seed s``).
+``jax.random.key(s)`` (as ``python -m rljax train ppo --seed s``).
 
 Writes ``experiments/results/ppo_cartpole.{md,json,png}``: the table (final return = per seed the
 mean episode_return over the last 5% of updates, mean ± std over seeds; AUC return; steps/s;

@@ -5,7 +5,7 @@
     python experiments/sweep_lr_entropy.py --lr 1e-4 1e-3 --ent-coef 0 0.05 --seeds 0 1
     python experiments/sweep_lr_entropy.py --replot experiments/results/sweep_lr_entropy.json
 
-``rljax.sweep.sweep(PPOConfig(), {"lr": [...], "ent_coef": [...]}, seeds=[0, 1, 2])``: the 27
+``rljax.run.sweep.sweep(PPOConfig(), {"lr": [...], "ent_coef": [...]}, seeds=[0, 1, 2])``: the 27
 members (settings x seeds) are vmapped in one compiled chunk program on a ``data=1,model=1`` mesh;
 member (setting, seed) starts from ``jax.random.key(seed)`` with the setting's lr and ent_coef
 as traced hyperparameters, everything else ``PPOConfig()`` (4 envs x 128 steps, 4 epochs x 4
@@ -41,7 +41,7 @@ from experiments.bench_harness import (  # noqa: E402
     write_json_compact,
 )
 from rljax import PPOConfig, RunConfig  # noqa: E402
-from rljax.sweep import sweep  # noqa: E402
+from rljax.run.sweep import sweep  # noqa: E402
 
 NAME = "sweep_lr_entropy"
 DEFAULT_LR = [2.5e-5, 2.5e-4, 2.5e-3]
@@ -89,7 +89,7 @@ def markdown(report: dict) -> str:
     lines = [
         "# PPO CartPole-v1: learning rate x entropy coefficient sweep",
         "",
-        f"`rljax.sweep.sweep(PPOConfig(total_timesteps={report['total_timesteps']:,}), "
+        f"`rljax.run.sweep.sweep(PPOConfig(total_timesteps={report['total_timesteps']:,}), "
         f"{{'lr': {report['lr']}, 'ent_coef': {report['ent_coef']}}}, seeds={report['seeds']})`: "
         f"{len(report['settings'])} settings x {len(report['seeds'])} seeds = "
         f"{len(report['settings']) * len(report['seeds'])} members vmapped in one jit on mesh "
@@ -102,7 +102,7 @@ def markdown(report: dict) -> str:
         f"calls including the chunk program's compile). Written by `experiments/{NAME}.py`.",
         "",
         "The sweep's summary table. final return: per seed the mean training episode_return over "
-        "the last 5% of updates (`rljax.sweep`'s definition), then mean and sample std "
+        "the last 5% of updates (`rljax.run.sweep`'s definition), then mean and sample std "
         "(ddof=0) over seeds:",
         "",
         report["table"],
@@ -206,7 +206,7 @@ def main(argv=None) -> dict:
         return report
     config = PPOConfig(total_timesteps=args.total_timesteps)
     grid = {"lr": args.lr, "ent_coef": args.ent_coef}
-    run = RunConfig(mesh="data=1,model=1", runs_dir=str(args.runs_dir), run_name=NAME)
+    run = RunConfig.make(mesh="data=1,model=1", runs_dir=str(args.runs_dir), run_name=NAME)
     t0 = time.perf_counter()
     result = sweep(config, grid, seeds=args.seeds, run=run, progress=log)
     wall_s = time.perf_counter() - t0
@@ -217,7 +217,7 @@ def main(argv=None) -> dict:
         "ent_coef": [float(v) for v in args.ent_coef],
         "seeds": result.seeds,
         "settings": result.settings,
-        "member_keys": "jax.random.key(seed) per member (rljax.sweep)",
+        "member_keys": "jax.random.key(seed) per member (rljax.run.sweep)",
         "total_timesteps": args.total_timesteps,
         "num_updates": config.num_updates,
         "env_steps_per_update": config.env_steps_per_update,
@@ -228,7 +228,7 @@ def main(argv=None) -> dict:
         "steps_per_s": result.steps_per_second,
         "run_dir": str(result.run_dir),
         "table": result.table,
-        "final_return_definition": "rljax.sweep: per seed the mean episode_return over the "
+        "final_return_definition": "rljax.run.sweep: per seed the mean episode_return over the "
         "last 5% of updates; table std over seeds is the sample std (ddof=1)",
         "final_return": result.final_return.tolist(),  # [settings, seeds]
         "auc_return": returns.mean(0).tolist(),  # [settings, seeds]

@@ -68,7 +68,7 @@ from rljax import DQN, PPO, DQNConfig, PPOConfig  # noqa: E402
 from rljax.diagnostics import comm_bytes_per_update, communication  # noqa: E402
 from rljax.parallel import make_mesh  # noqa: E402
 from rljax.parallel.sync import SyncConfig  # noqa: E402
-from rljax.runner import ShardedRun  # noqa: E402
+from rljax.run.sharded import ShardedRun  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "experiments" / "results" / "sync_strategies"
 MESH = "data=4,model=1"

@@ -2,8 +2,7 @@
 
 from rljax.algos import DQN, PPO, DQNConfig, DQNState, PPOConfig, PPOState
 from rljax.errors import ConfigError
-from rljax.runner import RunConfig, ShardedRun
-from rljax.training import TrainResult, train
+from rljax.run import Hook, RunConfig, ShardedRun, TrainResult, train
 
 __all__ = [
     "DQN",
@@ -11,6 +10,7 @@ __all__ = [
     "ConfigError",
     "DQNConfig",
     "DQNState",
+    "Hook",
     "PPOConfig",
     "PPOState",
     "RunConfig",

@@ -1,13 +1,14 @@
 """Run N cooperating JAX processes on this machine (multi-process JAX without a cluster).
 
-    python -m rljax.launch --num-processes 2 --devices-per-process 2 --cpu -- \\
+    rljax launch --num-processes 2 --devices-per-process 2 --cpu -- \\
         train ppo --env CartPole-v1 --mesh data=2,model=2
 
-starts ``python -m rljax.train ppo ...`` twice, each with ``RLJAX_COORDINATOR`` (127.0.0.1 and
-a free port), ``RLJAX_NUM_PROCESSES``, ``RLJAX_PROCESS_ID`` and ``JAX_NUM_CPU_DEVICES`` set, for
-``rljax.distributed.initialize`` to read. The first word after ``--`` names an rljax module
-(``train`` -> ``rljax.train``); a word ending in ``.py`` is a script; ``--module pkg.mod`` runs
-any module with every word after ``--`` as its arguments.
+(or ``python -m rljax launch ...``, ``python -m rljax.launch ...``) starts
+``python -m rljax train ppo ...`` twice, each with ``RLJAX_COORDINATOR`` (127.0.0.1 and a free
+port), ``RLJAX_NUM_PROCESSES``, ``RLJAX_PROCESS_ID`` and ``JAX_NUM_CPU_DEVICES`` set, for
+``rljax.distributed.initialize`` to read. The first word after ``--`` is an ``rljax`` command
+(``train`` -> ``python -m rljax train``); a word ending in ``.py`` is a script; ``--module
+pkg.mod`` runs any module with every word after ``--`` as its arguments.
 
 Each child's output lines are forwarded with a ``[p<i>] `` prefix (stdout to stdout, stderr to
 stderr). When a child fails (non-zero exit or a signal) the launcher says which, gives the
@@ -19,7 +20,6 @@ later, SIGKILL. It returns 0 only if every child exits 0; otherwise the first fa
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import queue
 import signal
@@ -51,42 +51,32 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _rljax_modules() -> list[str]:
-    spec = importlib.util.find_spec("rljax")
-    names = set()
-    for location in spec.submodule_search_locations or []:
-        for path in Path(location).iterdir():
-            if path.suffix == ".py" and path.stem != "__init__":
-                names.add(path.stem)
-            elif (path / "__init__.py").exists():
-                names.add(path.name)
-    return sorted(names)
+CHILD_COMMANDS = ("train",)  # rljax commands a child may run (`launch` would nest)
 
 
 def child_command(
     command: Sequence[str], module: str | None = None, python: str = sys.executable
 ) -> list[str]:
-    """``["train", "ppo"]`` -> ``[python, "-m", "rljax.train", "ppo"]``; see the module doc."""
+    """``["train", "ppo"]`` -> ``[python, "-m", "rljax", "train", "ppo"]``; see the module doc."""
     command = list(command)
     if module is not None:
         return [python, "-m", module, *command]
     if not command:
         raise ConfigError(
             "no command to run: give it after '--', e.g. "
-            "'python -m rljax.launch --num-processes 2 -- train ppo'"
+            "'rljax launch --num-processes 2 -- train ppo'"
         )
     first, rest = command[0], command[1:]
     if first.endswith(".py"):
         if not Path(first).is_file():
             raise ConfigError(f"script {first!r} does not exist")
         return [python, first, *rest]
-    known = _rljax_modules()
-    if first not in known:
+    if first not in CHILD_COMMANDS:
         raise ConfigError(
-            f"unknown command {first!r}: expected an rljax module ({', '.join(known)}), "
+            f"unknown command {first!r}: expected an rljax command ({', '.join(CHILD_COMMANDS)}), "
             "a script ending in .py, or --module pkg.mod"
         )
-    return [python, "-m", f"rljax.{first}", *rest]
+    return [python, "-m", "rljax", first, *rest]
 
 
 def _signal_name(signum: int) -> str:
@@ -300,7 +290,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="python -m rljax.launch",
+        prog="rljax launch",
         description="Run N cooperating JAX processes on this machine; see rljax/launch.py.",
         usage="%(prog)s --num-processes N [options] -- COMMAND [ARGS...]",
     )

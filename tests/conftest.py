@@ -23,7 +23,7 @@ def mesh4():
 def small_run(mesh4):
     """A small PPO compiled once on the 4-device mesh, after two updates: (run, state, metrics)."""
     from rljax import PPO, PPOConfig
-    from rljax.runner import ShardedRun
+    from rljax.run.sharded import ShardedRun
 
     config = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 4, num_minibatches=2)
     run = ShardedRun(PPO(config, replicas=2), mesh4, num_seeds=1, chunk_size=2)

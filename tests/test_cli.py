@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from rljax.run_log import read_metrics
-from rljax.train import main
+from rljax.cli import main
+from rljax.run.run_log import read_metrics
 
 
 def test_help_lists_every_field_with_defaults():
     result = subprocess.run(
-        [sys.executable, "-m", "rljax.train", "ppo", "--help"],
+        [sys.executable, "-m", "rljax", "train", "ppo", "--help"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -40,6 +40,7 @@ def test_help_lists_every_field_with_defaults():
 def test_short_run_writes_config_metrics_and_plot(tmp_path, capsys, seeds):
     code = main(
         [
+            "train",
             "ppo",
             "--mesh",
             "data=2,model=2",
@@ -73,15 +74,16 @@ def test_short_run_writes_config_metrics_and_plot(tmp_path, capsys, seeds):
     assert "steps/s" in out and str(run_dir / "metrics.jsonl") in out
 
 
-def test_rerun_with_same_name_replaces_metrics(tmp_path):
-    from rljax.run_log import RunLog
+def test_top_level_commands_and_console_script(capsys):
+    assert main(["--help"]) == 0
+    assert "rljax train {ppo,dqn}" in capsys.readouterr().out  # subcommands from the registry
+    assert main(["trian", "ppo"]) == 2
+    assert "error: unknown command 'trian'; expected train or launch" in capsys.readouterr().err
+    # `rljax launch` is rljax.launch.main: its own one-line input errors
+    assert main(["launch", "--num-processes", "-1", "--", "train"]) == 2
+    assert "launch: error: --num-processes must be an integer >= 1" in capsys.readouterr().err
+    import tomllib
+    from pathlib import Path
 
-    for _ in range(2):
-        log = RunLog(tmp_path / "same")
-        log.append([{"update": 1, "env_steps": 8}])
-        log.close()
-    assert len(read_metrics(tmp_path / "same" / "metrics.jsonl")) == 1
-    log = RunLog(tmp_path / "same", append=True)
-    log.append([{"update": 2, "env_steps": 16}])
-    log.close()
-    assert [r["update"] for r in read_metrics(tmp_path / "same" / "metrics.jsonl")] == [1, 2]
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"] == {"rljax": "rljax.cli:main"}

@@ -173,7 +173,7 @@ def test_cli_exit_code_for_bad_input():
 
 def test_child_command():
     python = sys.executable
-    assert child_command(["train", "ppo"]) == [python, "-m", "rljax.train", "ppo"]
+    assert child_command(["train", "ppo"]) == [python, "-m", "rljax", "train", "ppo"]
     assert child_command(["a", "b"], module="pkg.mod") == [python, "-m", "pkg.mod", "a", "b"]
     with pytest.raises(ConfigError, match="does not exist"):
         child_command(["/nonexistent/job.py"])

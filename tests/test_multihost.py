@@ -17,10 +17,10 @@ import pytest
 
 from rljax import PPO, PPOConfig
 from rljax.parallel import make_mesh
-from rljax.resume import abstract_state
 from rljax.run.checkpoint import Checkpointer
-from rljax.run_log import read_metrics
-from rljax.runner import ShardedRun
+from rljax.run.resume import abstract_state
+from rljax.run.run_log import read_metrics
+from rljax.run.sharded import ShardedRun
 
 CONFIG = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 2, num_minibatches=2)
 PPO_ARGS = [
@@ -90,7 +90,7 @@ def test_checkpoints_move_between_two_processes_and_one(two_process_run, tmp_pat
     # Written by 2 processes, continued by 1 (4 devices in one process) ...
     longer = ["--total-timesteps", str(CONFIG.total_timesteps + 128)]
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "4"}
-    command = [sys.executable, "-m", "rljax.train", "ppo", "--resume", str(copy), *longer]
+    command = [sys.executable, "-m", "rljax", "train", "ppo", "--resume", str(copy), *longer]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from update 2" in result.stdout

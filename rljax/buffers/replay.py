@@ -364,7 +364,7 @@ def update_priorities(
 
 def buffer_logical_specs(buffer_abstract: ReplayBuffer) -> ReplayBuffer:
     """Logical ``PartitionSpec`` of every leaf: ``P("batch")`` for data and priority, ``P()`` for
-    the scalars (prepend a seed axis with ``rljax.parallel.sharding.prepend_axis``)."""
+    the scalars (prepend a seed axis with ``rljax.parallel.prepend_axis``)."""
     batch = PartitionSpec("batch")
     return buffer_abstract.replace(
         data=jax.tree.map(lambda _: batch, buffer_abstract.data),

@@ -50,7 +50,7 @@ def replica_mesh_axis(replicas: int) -> str | None:
     if size != replicas:
         raise ConfigError(
             f"{replicas} data-parallel replicas on a mesh whose data axis has {size} devices; "
-            f"build the algorithm with replicas={size} (rljax.runner does this from the mesh)"
+            f"build the algorithm with replicas={size} (rljax.run.prepare does this from the layout)"
         )
     return REPLICA_AXIS
 

@@ -44,6 +44,15 @@ def rules_with(rules: Rules | None = None, **overrides: str | None) -> Rules:
     return tuple((name, overrides.get(name, axis)) for name, axis in rules)
 
 
+def seeds_on(mesh_axis: str | None, rules: Rules | None = None) -> Rules:
+    """Seeds (sweep members) placed on ``mesh_axis`` take it from the environment batch and the
+    replicas; ``None``/``"none"``: ``rules`` unchanged (seeds replicated)."""
+    rules = RULES if rules is None else tuple(rules)
+    if mesh_axis in (None, "none"):
+        return rules
+    return rules_with(rules, seed=mesh_axis, batch=None, replica=None)
+
+
 def as_rules(rules: Rules | Mapping[str, str | None]) -> Rules:
     return tuple(rules.items()) if isinstance(rules, Mapping) else tuple(rules)
 

@@ -11,7 +11,7 @@ import pytest
 from rljax import DQN, ConfigError, DQNConfig, RunConfig
 from rljax.algos.td import bootstrap_value, nstep_return
 from rljax.parallel import make_mesh
-from rljax.runner import ShardedRun, prepare
+from rljax.run.sharded import ShardedRun, prepare
 
 # Learning starts after 2 updates; 6 updates in all.
 TINY = DQNConfig(
@@ -141,5 +141,5 @@ BAD_INPUT = [
 @pytest.mark.parametrize("change, mesh, message", BAD_INPUT)
 def test_bad_input_gives_one_clear_message(change, mesh, message):
     with pytest.raises(ConfigError) as info:
-        prepare(dataclasses.replace(DQNConfig(), **change), RunConfig(mesh=mesh))
+        prepare(dataclasses.replace(DQNConfig(), **change), RunConfig.make(mesh=mesh))
     assert message in str(info.value)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from rljax import PPO, PPOConfig
-from rljax.parallel import make_mesh
-from rljax.runner import RunConfig, ShardedRun, rules_for
+from rljax.parallel import Layout, make_mesh
+from rljax.run import RunConfig
+from rljax.run.sharded import ShardedRun, rules_for
 
 TINY = PPOConfig(num_envs=4, num_steps=32, total_timesteps=4 * 32 * 6, num_minibatches=2)
 
@@ -65,9 +66,9 @@ def test_vmapped_seeds_equal_separate_runs():
 
 def test_seeds_can_be_placed_on_the_data_axis():
     mesh = make_mesh("data=2,model=2")
-    run_config = RunConfig(num_seeds=2, seed_axis="data")
-    rules = rules_for(run_config)
-    run = ShardedRun(PPO(TINY), mesh, num_seeds=2, chunk_size=2, rules=rules)
+    run_config = RunConfig.make(num_seeds=2, seed_axis="data")
+    layout = Layout(mesh, rules_for(run_config))
+    run = ShardedRun(PPO(TINY), layout, num_seeds=2, chunk_size=2)
     state, metrics = run.run_chunk(run.init(jax.random.key(7)), 2)
     kernel = state.params["params"]["critic"]["dense_0"]["kernel"]
     assert tuple(kernel.sharding.spec)[:3] == ("data", None, "model")

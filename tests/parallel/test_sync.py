@@ -18,7 +18,7 @@ from rljax.parallel.learner import Learner
 from rljax.parallel.replicas import per_replica
 from rljax.parallel.sync import SyncConfig, validate_sync
 from rljax.parallel.sync.compressed import compression_groups
-from rljax.runner import ShardedRun
+from rljax.run.sharded import ShardedRun
 
 TINY = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 2, num_minibatches=2)
 

@@ -1,10 +1,11 @@
 """Resuming a run: saved configs back to dataclasses, compatibility, and elastic restore.
 
-What may change on resume: ``total_timesteps`` (PPO's learning-rate annealing and PER's beta
-schedule follow the new total), everything about logging and checkpointing (``log_every``,
-``checkpoint_every``, ``keep_checkpoints``, ``quiet``, ``measure_comm``) and the mesh
-(``mesh``, ``num_devices``). Everything else of the algorithm config, the algorithm itself,
-``num_seeds`` and ``seed_axis`` must match; a mismatch is one error listing every differing field.
+What may change on resume: the fields declared ``metadata={"resumable": True}``
+(``resumable_fields``): the algorithm's ``total_timesteps`` (PPO's learning-rate annealing and
+PER's beta schedule follow the new total), and of ``RunConfig`` everything about logging,
+checkpointing, evaluation and faults and the mesh (``mesh``, ``num_devices``). Everything else of
+the algorithm config, the algorithm itself, ``num_seeds`` and ``seed_axis`` must match; a
+mismatch is one error listing every differing field.
 
 Elastic restore. Parameters, optimizer moments, environment states and observations, replay
 buffers, RNG keys and counters are restored exactly onto any mesh whose data size divides the
@@ -31,29 +32,13 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from rljax.errors import ConfigError
+from rljax.parallel import Layout
+from rljax.parallel.rules import prepend_axis, rules_with
+from rljax.run.config import RunConfig, resumable_fields
+from rljax.run.sharded import ShardedRun
 
+# Fallback until the algorithm configs declare it (``metadata={"resumable": True}``).
 RESUMABLE_ALGO_FIELDS = ("total_timesteps",)
-RESUMABLE_RUN_FIELDS = (
-    "mesh",
-    "num_devices",
-    "log_every",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "quiet",
-    "measure_comm",
-    "resume",
-    "run_name",
-    "runs_dir",
-    "on_nonfinite",
-    "max_rollbacks",
-    "debug_nonfinite_at",
-    "seed",  # the key lives in the checkpoint; the seed only made the initial state
-    "tensorboard",
-    "wandb",
-    "wandb_project",
-    "eval_every",
-    "eval_episodes",
-)
 
 
 def config_from_dict(cls, data: dict):
@@ -89,23 +74,38 @@ def read_run_config(run_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
+def _flatten(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for name, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+def _json(value):
+    return json.loads(json.dumps(value))
+
+
 def incompatibilities(saved: dict, algorithm: str, algo_config, run_config) -> list[str]:
     """Differing fields (``"algo.env: 'CartPole-v1' -> 'Acrobot-v1'"``) that forbid a resume."""
-    out = []
     if saved.get("algorithm") != algorithm:
-        out.append(f"algorithm: {saved.get('algorithm')!r} -> {algorithm!r}")
-        return out
-    current_algo = json.loads(json.dumps(dataclasses.asdict(algo_config)))
-    current_run = json.loads(json.dumps(dataclasses.asdict(run_config)))
-    for section, current, free in (
-        ("algo", current_algo, RESUMABLE_ALGO_FIELDS),
-        ("run", current_run, RESUMABLE_RUN_FIELDS),
-    ):
-        saved_section = saved.get(section, {})
-        for name in sorted(set(saved_section) | set(current)):
-            if name in free:
+        return [f"algorithm: {saved.get('algorithm')!r} -> {algorithm!r}"]
+    free_algo = resumable_fields(type(algo_config)) | set(RESUMABLE_ALGO_FIELDS)
+    free_run = {name.rsplit(".", 1)[-1] for name in resumable_fields(RunConfig)}
+    saved_run = RunConfig.from_dict(saved.get("run", {}))  # nested or an older flat dict
+    sections = (
+        ("algo", _flatten(saved.get("algo", {})), _flatten(_json(dataclasses.asdict(algo_config))),
+         free_algo),
+        ("run", _json(saved_run.flat()), _json(run_config.flat()), free_run),
+    )  # fmt: skip
+    out = []
+    for section, old_values, current, free in sections:
+        for name in sorted(set(old_values) | set(current)):
+            if name in free or name.split(".", 1)[0] in free:
                 continue
-            old, new = saved_section.get(name, "<missing>"), current.get(name, "<missing>")
+            old, new = old_values.get(name, "<missing>"), current.get(name, "<missing>")
             if old != new:
                 out.append(f"{section}.{name}: {json.dumps(old)} -> {json.dumps(new)}")
     return out
@@ -114,12 +114,13 @@ def incompatibilities(saved: dict, algorithm: str, algo_config, run_config) -> l
 def check_compatible(saved: dict, algorithm: str, algo_config, run_config) -> None:
     problems = incompatibilities(saved, algorithm, algo_config, run_config)
     if problems:
+        free = sorted(resumable_fields(type(algo_config)) | set(RESUMABLE_ALGO_FIELDS))
         raise ConfigError(
             "cannot resume: the run was saved with a different configuration ("
             + "; ".join(problems)
             + "). Only these may change on resume: algo."
-            + ", algo.".join(RESUMABLE_ALGO_FIELDS)
-            + "; mesh, num_devices, logging and checkpoint settings"
+            + ", algo.".join(free)
+            + "; mesh, num_devices, logging, checkpoint, evaluation and fault settings"
         )
 
 
@@ -148,9 +149,29 @@ def resize_replicas(state, logical_specs, replicas: int):
 
 def abstract_state(sharded_run) -> Any:
     """``ShapeDtypeStruct`` with sharding of every leaf of ``sharded_run``'s state."""
-    shapes = jax.eval_shape(sharded_run._init_from_seed_key, jax.random.key(0))
-    return jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-        shapes,
-        sharded_run.state_shardings,
+    return sharded_run.abstract_state()
+
+
+def restore_step(ckpt, step: int, sharded_run):
+    """Checkpoint ``step`` placed on ``sharded_run``'s layout. When the replica count changed
+    (see the module doc) the saved layout is read with the same algorithm rebuilt for the saved
+    replica count, its ``replica`` axis unsharded, then resized."""
+    algo = sharded_run.algo
+    saved_replicas = ckpt.read_metadata(step).get("replicas", algo.replicas)
+    if saved_replicas == algo.replicas:
+        state, _ = ckpt.restore(step, sharded_run.abstract_state())
+        return state
+    old_algo = algo.rebuild(replicas=saved_replicas)
+    layout = sharded_run.layout
+    old_layout = Layout(layout.mesh, rules_with(layout.rules, replica=None))
+    old_run = ShardedRun(old_algo, old_layout, sharded_run.num_seeds, sharded_run.chunk_size)
+    old_state, _ = ckpt.restore(step, old_run.abstract_state())
+    specs = old_algo.state_specs()
+    if sharded_run.num_seeds > 1:
+        specs = prepend_axis(specs, "seed")
+    resize = jax.jit(
+        lambda s: resize_replicas(s, specs, algo.replicas),
+        out_shardings=sharded_run.state_shardings,
     )
+    with layout.active():
+        return resize(old_state)

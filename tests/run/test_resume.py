@@ -14,24 +14,26 @@ from pathlib import Path
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import PPO, ConfigError, PPOConfig, RunConfig, train
+from rljax import PPO, ConfigError, Hook, PPOConfig, RunConfig, train
+from rljax.cli import main
 from rljax.errors import TrainingError
 from rljax.parallel import make_mesh
 from rljax.parallel.sync import SyncConfig
-from rljax.resume import abstract_state
 from rljax.run.checkpoint import Checkpointer, CheckpointWarning
-from rljax.run_log import read_metrics
-from rljax.runner import ShardedRun
+from rljax.run.resume import abstract_state
+from rljax.run.run_log import read_metrics
+from rljax.run.sharded import ShardedRun
 
 SMALL = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 8, num_minibatches=2)
 
 
 def cli(*args, devices=2):
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "PYTHONUNBUFFERED": "1"}
-    return [sys.executable, "-m", "rljax.train", *args], env
+    return [sys.executable, "-m", "rljax", "train", *args], env
 
 
 def restored(run_dir, config, mesh_spec, replicas):
@@ -110,16 +112,37 @@ def test_sigterm_finishes_the_chunk_saves_and_exits_zero(tmp_path):
 
 
 # -- in-process -----------------------------------------------------------------------------------
-def run_small(tmp_path, name, config=SMALL, **run):
+def run_small(tmp_path, name, config=SMALL, hooks=(), **run):
     options = dict(
         mesh="data=2,model=2", log_every=2, checkpoint_every=4, quiet=True, measure_comm=False
     )
-    return train(config, RunConfig(runs_dir=str(tmp_path), run_name=name, **(options | run)))
+    run = RunConfig.make(runs_dir=str(tmp_path), run_name=name, **(options | run))
+    return train(config, run, hooks=hooks)
 
 
 def resume(config, run_dir, mesh="data=2,model=2", **run):
     options = dict(mesh=mesh, resume=str(run_dir), quiet=True, measure_comm=False)
-    return train(config, RunConfig(**(options | run)))
+    return train(config, RunConfig.make(**(options | run)))
+
+
+def nan_parameters_after(update: int) -> Hook:
+    """Fault injection: NaN parameters after the chunk that contains ``update`` (once), ahead
+    of the built-in hooks (``first=True``) so the non-finite guard sees them at once."""
+    injected = []
+
+    def poison(info):
+        if injected or not info.first_update < update <= info.update:
+            return
+        injected.append(info.update)
+        sharded = info.loop.sharded
+        nan = jax.jit(
+            lambda p: jax.tree.map(lambda x: x * jnp.nan, p),
+            out_shardings=sharded.state_shardings.params,
+        )
+        with jax.set_mesh(sharded.mesh):
+            info.loop.replace_state(info.state.replace(params=nan(info.state.params)))
+
+    return Hook(poison, first=True)
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +190,7 @@ def restored_local(run_dir, config):
 
 def test_nonfinite_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tmp_path):
     with pytest.raises(TrainingError) as info:
-        run_small(tmp_path, "nan", debug_nonfinite_at=5)
+        run_small(tmp_path, "nan", hooks=[nan_parameters_after(5)])
     message = str(info.value)
     assert "non-finite parameters (NaN/Inf) at update 6" in message
     assert "last good checkpoint (update 4)" in message and "--resume" in message
@@ -182,7 +205,8 @@ def test_nonfinite_loss_is_named_with_its_update(tmp_path):
 
 
 def test_rollback_policy_restores_and_continues_with_fresh_keys(tmp_path):
-    result = run_small(tmp_path, "rb", debug_nonfinite_at=5, on_nonfinite="rollback")
+    hooks = [nan_parameters_after(5)]
+    result = run_small(tmp_path, "rb", hooks=hooks, on_nonfinite="rollback")
     assert result.rollbacks == 1 and result.updates_done == 8
     rows = read_metrics(tmp_path / "rb" / "metrics.jsonl")
     assert [r["update"] for r in rows] == list(range(1, 9))
@@ -210,15 +234,13 @@ def test_incompatible_resume_lists_the_differing_fields(saved_run, capsys):
     run_dir, _ = saved_run
     other = dataclasses.replace(SMALL, env="Acrobot-v1", actor_widths=(32, 32))
     with pytest.raises(ConfigError) as info:
-        train(other, RunConfig(mesh="data=2,model=2", resume=str(run_dir), quiet=True))
+        train(other, RunConfig.make(mesh="data=2,model=2", resume=str(run_dir), quiet=True))
     message = str(info.value)
     assert 'algo.env: "CartPole-v1" -> "Acrobot-v1"' in message
     assert "algo.actor_widths: [64, 64] -> [32, 32]" in message
-    from rljax.train import main
-
-    assert main(["dqn", "--resume", str(run_dir)]) == 2
+    assert main(["train", "dqn", "--resume", str(run_dir)]) == 2
     assert "it is a ppo run" in capsys.readouterr().err
-    assert main(["ppo", "--resume", str(run_dir), "--num-envs", "16"]) == 2
+    assert main(["train", "ppo", "--resume", str(run_dir), "--num-envs", "16"]) == 2
     assert "algo.num_envs: 8 -> 16" in capsys.readouterr().err
     rows = json.loads((run_dir / "config.json").read_text())
     assert rows["algo"]["env"] == "CartPole-v1"  # nothing written by the refused attempts

@@ -1,4 +1,5 @@
-"""Every bad input stops with one clear message before anything is compiled."""
+"""RunConfig groups and flat names; every bad input stops with one clear message before anything
+is compiled."""
 
 import dataclasses
 import subprocess
@@ -7,9 +8,14 @@ import sys
 import pytest
 
 from rljax import ConfigError, PPOConfig, RunConfig
+from rljax.cli import main
 from rljax.parallel import make_mesh, parse_mesh_spec, set_num_cpu_devices
-from rljax.runner import prepare
-from rljax.train import main
+from rljax.run.config import (
+    CheckpointConfig,
+    ParallelConfig,
+    resumable_fields,
+)
+from rljax.run.sharded import prepare
 
 
 def error_of(config=None, run=None):
@@ -24,7 +30,7 @@ def test_non_positive_learning_rate():
 
 
 def test_num_envs_not_divisible_by_data():
-    message = error_of(PPOConfig(num_envs=6), RunConfig(mesh="data=4,model=1"))
+    message = error_of(PPOConfig(num_envs=6), RunConfig.make(mesh="data=4,model=1"))
     assert "num_envs=6 is not divisible by the data axis size 4" in message
 
 
@@ -40,12 +46,12 @@ def test_unknown_environment_lists_known_ones():
 
 
 def test_mesh_bigger_than_devices_states_both():
-    message = error_of(run=RunConfig(mesh="data=4,model=4"))
+    message = error_of(run=RunConfig.make(mesh="data=4,model=4"))
     assert "mesh 'data=4,model=4' needs 16 devices but only 8 are available" in message
 
 
 def test_width_not_divisible_by_model_names_layer():
-    message = error_of(PPOConfig(actor_widths=(63, 64)), RunConfig(mesh="data=1,model=2"))
+    message = error_of(PPOConfig(actor_widths=(63, 64)), RunConfig.make(mesh="data=1,model=2"))
     assert "actor/dense_0: width 63 is not divisible by the model axis size 2" in message
 
 
@@ -65,12 +71,12 @@ def test_emulating_devices_after_jax_started_says_so():
 
 
 def test_seed_axis_needs_divisible_seeds():
-    message = error_of(run=RunConfig(mesh="data=2", num_seeds=3, seed_axis="data"))
+    message = error_of(run=RunConfig.make(mesh="data=2", num_seeds=3, seed_axis="data"))
     assert "num_seeds (3) divisible by the data axis size 2" in message
 
 
 def test_cli_prints_one_error_line_and_writes_nothing(tmp_path, capsys):
-    code = main(["ppo", "--lr", "-1", "--runs-dir", str(tmp_path), "--run-name", "bad"])
+    code = main(["train", "ppo", "--lr", "-1", "--runs-dir", str(tmp_path), "--run-name", "bad"])
     err = capsys.readouterr().err
     assert code == 2
     assert err.strip() == "error: lr (learning rate) must be > 0, got -1.0"
@@ -82,7 +88,8 @@ def test_cli_subprocess_has_no_traceback(tmp_path):
         [
             sys.executable,
             "-m",
-            "rljax.train",
+            "rljax",
+            "train",
             "ppo",
             "--env",
             "Nope-v0",
@@ -104,3 +111,27 @@ def test_config_is_frozen_and_typed():
     assert dataclasses.is_dataclass(PPOConfig)
     with pytest.raises(dataclasses.FrozenInstanceError):
         PPOConfig().lr = 1.0  # type: ignore[misc]
+
+
+def test_make_routes_flat_names_to_their_groups():
+    run = RunConfig.make(mesh="data=2,model=2", eval_every=0, resume="runs/x", seed=3)
+    assert run.parallel == ParallelConfig(mesh="data=2,model=2")
+    assert run.evaluation.eval_every == 0 and run.checkpointing == CheckpointConfig(resume="runs/x")
+    assert run.seed == 3 and run.logging.measure_comm is False  # HLO accounting only when asked
+    assert run.replace(num_seeds=4).flat()["num_seeds"] == 4
+    assert RunConfig.make(parallel=ParallelConfig(mesh="data=4")).parallel.mesh == "data=4"
+    with pytest.raises(ConfigError, match="RunConfig has no field 'debug_nonfinite_at'"):
+        RunConfig.make(debug_nonfinite_at=5)
+
+
+def test_saved_configs_load_nested_and_flat():
+    run = RunConfig.make(mesh="data=2", log_every=7, on_nonfinite="rollback")
+    assert RunConfig.from_dict(dataclasses.asdict(run)) == run
+    old = {"mesh": "data=2", "log_every": 7, "on_nonfinite": "rollback", "debug_nonfinite_at": 0}
+    assert RunConfig.from_dict(old) == run  # an older run's flat `run` section
+
+
+def test_resumable_fields_come_from_field_metadata():
+    free = resumable_fields(RunConfig)
+    assert {"parallel.mesh", "logging.log_every", "checkpointing.resume", "seed"} <= free
+    assert "num_seeds" not in free and "parallel.seed_axis" not in free

@@ -5,13 +5,14 @@
     print(result.table)                  # final return mean/std per setting
 
 The grid's product of settings times the seeds gives ``S`` members, trained together by one
-compiled chunk program (``ShardedRun`` with ``num_seeds = S``). Only float fields that the
-algorithm can hold in its state as traced ``hparams`` can be swept (``ALGORITHMS[name].sweepable``:
-PPO lr, gamma, gae_lambda, clip_eps, ent_coef, vf_coef; DQN lr, gamma, tau); everything else
-changes shapes or the program. Member ``(setting, seed)`` starts from ``jax.random.key(seed)``
+compiled chunk program (``ShardedRun`` with ``num_seeds = S``, run by the same ``Loop`` as
+``train``, its members on the seed axis). Only float fields that the algorithm can hold in its
+state as traced ``hparams`` can be swept (fields with ``metadata={"sweepable": True}``: PPO lr,
+gamma, gae_lambda, clip_eps, ent_coef, vf_coef; DQN lr, gamma, tau); everything else changes
+shapes or the program. Member ``(setting, seed)`` starts from ``jax.random.key(seed)``
 with that setting's values, so it equals a single run with ``RunConfig(seed=seed)`` and the
-config changed to the setting. ``RunConfig(seed_axis="data")`` places the members on the data
-axis of the mesh (``S`` divisible by its size).
+config changed to the setting. ``RunConfig.make(seed_axis="data")`` places the members on the
+data axis of the mesh (``S`` divisible by its size).
 
 Written per setting: ``<run dir>/<setting>/metrics.jsonl`` (seed mean and per-seed returns per
 update), plus ``summary.json``, ``summary.md`` and ``sweep.png`` in the run directory.
@@ -22,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -30,10 +30,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.algos import ALGORITHMS
 from rljax.errors import ConfigError
-from rljax.run_log import RunLog, default_run_name
-from rljax.runner import RunConfig, ShardedRun, algorithm_name, prepare
+from rljax.run.config import RunConfig
+from rljax.run.loop import ChunkInfo, Loop
+from rljax.run.run_log import RunLog, default_run_name
+from rljax.run.sharded import (
+    ShardedRun,
+    algorithm_name,
+    prepare,
+    resolve_algorithm,
+)
 
 
 @dataclasses.dataclass
@@ -47,10 +53,12 @@ class SweepResult:
     steps_per_second: float
 
 
-def settings_of(algo_config, grid: Mapping[str, Sequence[float]]) -> list[dict[str, float]]:
-    """The grid's settings (product, in the given field order), validated."""
-    name = algorithm_name(algo_config)
-    sweepable = ALGORITHMS[name].sweepable()
+def settings_of(algorithm, grid: Mapping[str, Sequence[float]]) -> list[dict[str, float]]:
+    """The grid's settings (product, in the given field order), validated; ``algorithm``: a
+    config, instance or class as ``train`` takes."""
+    algo_cls, algo_config = resolve_algorithm(algorithm)
+    name = algorithm_name(algo_cls)
+    sweepable = algo_cls.sweepable()
     if not grid:
         raise ConfigError(f"empty sweep grid; give values for some of {', '.join(sweepable)}")
     fields = {f.name for f in dataclasses.fields(algo_config)}
@@ -75,9 +83,8 @@ def settings_of(algo_config, grid: Mapping[str, Sequence[float]]) -> list[dict[s
         dict(zip(grid, (float(v) for v in combo), strict=True))
         for combo in itertools.product(*grid.values())
     ]
-    algorithm = ALGORITHMS[name]
     for setting in settings:
-        algorithm.validate(dataclasses.replace(algo_config, **setting))
+        algo_cls.validate(dataclasses.replace(algo_config, **setting))
     return settings
 
 
@@ -86,7 +93,7 @@ def label(setting: dict[str, float]) -> str:
 
 
 def sweep(
-    algo_config,
+    algorithm,
     grid: Mapping[str, Sequence[float]],
     seeds: Sequence[int] = (0,),
     run: RunConfig | None = None,
@@ -94,21 +101,23 @@ def sweep(
 ) -> SweepResult:
     """Train every setting of ``grid`` x ``seeds`` in one compiled program; see the module doc."""
     run = run or RunConfig()
-    settings = settings_of(algo_config, grid)
+    settings = settings_of(algorithm, grid)
+    algo_cls, algo_config = resolve_algorithm(algorithm)
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ConfigError("sweep needs at least one seed")
     members = [(i, seed) for i in range(len(settings)) for seed in seeds]
-    run = dataclasses.replace(run, num_seeds=len(members))
+    run = run.replace(num_seeds=len(members))
     if len(members) < 2:
         raise ConfigError("a sweep needs at least 2 members (settings x seeds)")
-    mesh, algo = prepare(algo_config, run, swept=tuple(settings[0]))
-    name = algorithm_name(algo_config)
+    layout, algo = prepare(algorithm, run, swept=tuple(settings[0]))
+    mesh = layout.mesh
+    name = algorithm_name(algo_cls)
     default_name = default_run_name(f"{name}-sweep", algo_config.env)
-    run_dir = Path(run.runs_dir) / (run.run_name or default_name)
-    say = (lambda *a, **k: None) if run.quiet else progress
+    run_dir = Path(run.logging.runs_dir) / (run.logging.run_name or default_name)
+    say = (lambda *a, **k: None) if run.logging.quiet else progress
     num_updates, per_update = algo_config.num_updates, algo_config.env_steps_per_update
-    sharded = ShardedRun(algo, mesh, len(members), min(run.log_every, num_updates))
+    sharded = ShardedRun(algo, layout, len(members), min(run.logging.log_every, num_updates))
     keys = jnp.stack([jax.random.key_data(jax.random.key(seed)) for _, seed in members])
     keys = jax.random.wrap_key_data(keys)
     hparams = {
@@ -122,16 +131,21 @@ def sweep(
     sharded.compile(jax.random.key(0))  # compile time stays out of steps/s
     initial = sharded.init_members(keys, hparams)
     jax.block_until_ready(initial)
-    chunks, t_start = [], time.perf_counter()
-    for _, metrics, done in sharded.chunks(initial, num_updates):
-        chunks.append(jax.device_get(metrics))
-        latest = np.asarray(chunks[-1]["episode_return"][-1]).reshape(len(settings), len(seeds))
+    chunks: list[dict[str, np.ndarray]] = []
+
+    def collect(info: ChunkInfo) -> None:  # per-member metrics [updates, S], before seed means
+        chunks.append(info.metrics)
+        latest = np.asarray(info.metrics["episode_return"][-1])
+        latest = latest.reshape(len(settings), len(seeds))
         best = int(np.argmax(latest.mean(1)))
         say(
-            f"  update {done:>6}/{num_updates}  best {label(settings[best])}: "
+            f"  update {info.update:>6}/{num_updates}  best {label(settings[best])}: "
             f"{latest[best].mean():.1f}"
         )
-    seconds = time.perf_counter() - t_start
+
+    loop = Loop(sharded, num_updates, per_update)
+    loop.add_hook(collect)
+    loop.run(initial)
     metrics = jax.tree.map(lambda *m: np.concatenate(m), *chunks)  # [updates, S]
     returns = np.asarray(metrics["episode_return"]).reshape(num_updates, len(settings), len(seeds))
     tail = max(1, round(num_updates * 0.05))
@@ -140,8 +154,7 @@ def sweep(
     table = _table(settings, final)
     _write_summary(run_dir, settings, seeds, final, returns, per_update, table)
     say(table)
-    sps = num_updates * per_update * len(members) / seconds
-    return SweepResult(settings, seeds, returns, final, run_dir, table, sps)
+    return SweepResult(settings, seeds, returns, final, run_dir, table, loop.steps_per_second())
 
 
 def _write(run_dir, settings, seeds, metrics, per_update, algo_config, run) -> None:

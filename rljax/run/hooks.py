@@ -1,0 +1,212 @@
+"""The host-loop concerns of ``train()``, each a hook of ``rljax.run.loop.Loop``.
+
+``train`` adds them in this order (user hooks after them, or in front with ``first=True``):
+
+    NonFiniteGuard(session)                every chunk: NaN/Inf -> TrainingError or rollback
+    StopSignals()                          every chunk: SIGINT/SIGTERM -> loop.request_stop
+    comm_bytes(comm)                       every chunk: bytes communicated per update (rows)
+    evaluate(evaluation)                   every eval_every updates: eval_* on the last row
+    log_metrics(log)                       every chunk: metrics.jsonl / TensorBoard / wandb
+    Progress(say, num_updates, ...)        every chunk: one line
+    poll_checkpoints(ckpt)                 every chunk: the previous save becomes durable
+    SaveCheckpoint(session)                every checkpoint_every updates, at the end, on stop
+
+and after the loop, when it was stopped, prints how to resume.
+
+``session`` is the ``rljax.run.training.Session`` of the run (checkpointer, run log, printing).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.diagnostics import comm_bytes_per_update
+from rljax.errors import TrainingError
+from rljax.run.loop import ChunkInfo, to_host
+
+GUARDED_METRICS = ("loss", "grad_norm")
+
+
+# -- non-finite values ----------------------------------------------------------------------------
+def first_nonfinite(rows) -> tuple[int, str] | None:
+    for row in rows:
+        for name in GUARDED_METRICS:
+            if name in row and not np.all(np.isfinite(row[name])):
+                return row["update"], name
+    return None
+
+
+@jax.jit
+def params_finite(params) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(params)]
+    return jnp.all(jnp.stack(leaves))
+
+
+def fresh_keys(state, salt: int):
+    """The state's RNG key(s) replaced by a fresh split (rollback after a non-finite update)."""
+    fold = lambda k: jax.random.fold_in(k, 0x5EED + salt)  # noqa: E731
+    key = state.key
+    key = jax.vmap(fold)(key) if key.ndim else fold(key)
+    return state.replace(key=key)
+
+
+class NonFiniteGuard:
+    """A NaN/Inf loss, gradient norm or parameter: ``TrainingError`` naming the update and the
+    quantity (``on_nonfinite="stop"``), or roll back to the last valid checkpoint with fresh keys
+    (``"rollback"``, at most ``max_rollbacks`` times; ``loop.rewind``). Runs before anything is
+    logged or saved, so bad rows and states never reach disk."""
+
+    def __init__(self, session):
+        self.s = session
+        self.rollbacks = 0
+
+    def __call__(self, info: ChunkInfo) -> None:
+        problem = first_nonfinite(info.rows)
+        if problem is None and not bool(to_host(params_finite(info.state.params))):
+            problem = (info.update, "parameters")
+        if problem is None:
+            return
+        faults = self.s.run.faults
+        if faults.on_nonfinite == "rollback" and self.rollbacks < faults.max_rollbacks:
+            self.rollbacks += 1
+            info.loop.rewind(*self._rollback(problem))
+            return
+        raise TrainingError(self._message(problem))
+
+    def _message(self, problem) -> str:
+        update, quantity = problem
+        s = self.s
+        where = (
+            f"the last good checkpoint (update {s.last_saved}) in {s.ckpt.directory} is "
+            f"untouched; resume with: {s.resume_command()}"
+            if s.last_saved
+            else "no checkpoint had been written yet"
+        )
+        return f"non-finite {quantity} (NaN/Inf) at update {update}; stopped. {where}"
+
+    def _rollback(self, problem):
+        update, quantity = problem
+        s = self.s
+        s.ckpt.wait()
+        if s.ckpt.latest_valid_step() is None:
+            raise TrainingError(
+                f"non-finite {quantity} (NaN/Inf) at update {update} and no checkpoint to roll "
+                "back to"
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            done, state = s.restore_latest()
+        state = fresh_keys(state, self.rollbacks)
+        with s.sharded.layout.active():
+            state = jax.device_put(state, s.sharded.state_shardings)
+        s.log.truncate(done)
+        s.say(
+            f"non-finite {quantity} at update {update}: rolled back to update {done} with a "
+            f"fresh RNG split ({self.rollbacks}/{s.run.faults.max_rollbacks})"
+        )
+        return done, state
+
+
+# -- stop signals ---------------------------------------------------------------------------------
+class StopSignals:
+    """While entered, SIGINT/SIGTERM are recorded (not raised); as a hook, a received signal
+    requests a stop (the loop finishes the chunk, ``SaveCheckpoint`` saves)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, _frame):
+        self.received = signal.Signals(signum).name
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def __call__(self, info: ChunkInfo) -> None:
+        if self.received:
+            info.loop.request_stop(self.received)
+
+
+# -- rows -----------------------------------------------------------------------------------------
+def comm_bytes(comm: dict):
+    """Bytes communicated per device per update by mesh axis (``communication()``'s numbers
+    times the update's optimizer steps and synchronisations) as ``comm_bytes_<axis>``."""
+
+    def hook(info: ChunkInfo) -> None:
+        for row in info.rows:
+            row.update(comm_bytes_per_update(comm, row["optimizer_steps"], row["syncs"]))
+
+    return hook
+
+
+def evaluate(evaluation):
+    """``evaluation(state, update)`` (``rljax.run.evaluation.Evaluation``) on the last row."""
+
+    def hook(info: ChunkInfo) -> None:
+        info.rows[-1].update(evaluation(info.state, info.update))
+
+    return hook
+
+
+def log_metrics(log):
+    """The chunk's rows to ``log`` (``RunLog``: metrics.jsonl, TensorBoard, wandb)."""
+
+    def hook(info: ChunkInfo) -> None:
+        log.append(info.rows)
+
+    return hook
+
+
+class Progress:
+    """``  update     25/976  env steps     12,800      11,402 steps/s  return     77.4``."""
+
+    def __init__(self, say):
+        self.say = say
+
+    def __call__(self, info: ChunkInfo) -> None:
+        loop = info.loop
+        recent = np.mean([r["episode_return"] for r in info.rows])
+        last = info.rows[-1]
+        evaluated = f"  eval {last['eval_return']:8.1f}" if "eval_return" in last else ""
+        self.say(
+            f"  update {info.update:>6}/{info.num_updates}  env steps "
+            f"{info.update * loop.env_steps_per_update:>10,}  {loop.steps_per_second():>10,.0f} "
+            f"steps/s  return {recent:8.1f}{evaluated}"
+        )
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+def poll_checkpoints(ckpt):
+    """The previous checkpoint becomes durable (manifest) as soon as it is written."""
+
+    def hook(info: ChunkInfo) -> None:
+        ckpt.poll()
+
+    return hook
+
+
+class SaveCheckpoint:
+    """Save the state (add with ``every=checkpoint_every, at_end=True``: also at the end and
+    after a stop request); a state already saved at this update is not saved again."""
+
+    def __init__(self, session):
+        self.s = session
+
+    def __call__(self, info: ChunkInfo) -> None:
+        if self.s.last_saved != info.update:
+            self.s.save(info.state, info.update)

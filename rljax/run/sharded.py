@@ -1,0 +1,244 @@
+"""An algorithm placed on a mesh: validation, sharded init, one compiled chunk program.
+
+    layout, algo = prepare(PPOConfig(), RunConfig.make(mesh="data=2,model=2", num_seeds=8))
+    run = ShardedRun(algo, layout, num_seeds=8, chunk_size=20)
+    state = run.init(jax.random.key(0))          # born sharded: jit(init, out_shardings=...)
+    state, metrics = run.run_chunk(state, 20)    # 20 updates in one compiled call
+
+``rljax.run.loop.Loop`` runs chunks to the end with hooks; ``rljax.run.training.train`` is the
+whole job. The algorithm registry and the algorithm constructor are used only by the functions
+under "Algorithms" below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rljax.algos import ALGORITHMS, Algorithm
+from rljax.errors import ConfigError
+from rljax.parallel import Layout, make_mesh, set_num_cpu_devices
+from rljax.parallel.rules import RULES, Rules, prepend_axis, seeds_on
+from rljax.run.config import RunConfig, validate_run
+
+
+# -- Algorithms: the registry, read nowhere else in rljax.run -------------------------------------
+def config_type_of(name: str) -> type:
+    """The config dataclass of the registered algorithm ``name`` (CLI subcommands, resume)."""
+    return ALGORITHMS[name].config_type
+
+
+def registered_names() -> list[str]:
+    return list(ALGORITHMS)
+
+
+def resolve_algorithm(spec) -> tuple[type[Algorithm], Any]:
+    """``(algorithm class, config)`` of an algorithm config, instance or class.
+
+    A config picks the registered algorithm whose config type it is exactly (a config subclass
+    belongs to an algorithm subclass: pass that instance); a class gets its default config."""
+    if isinstance(spec, type):
+        if not issubclass(spec, Algorithm):
+            raise ConfigError(
+                f"{spec.__qualname__} is not an algorithm class (rljax.algos.Algorithm)"
+            )
+        return spec, spec.config_type()
+    if isinstance(spec, Algorithm):
+        return type(spec), spec.config
+    if dataclasses.is_dataclass(spec):
+        for algo_cls in ALGORITHMS.values():
+            if type(spec) is algo_cls.config_type:
+                return algo_cls, spec
+        raise ConfigError(
+            f"{type(spec).__qualname__} is not the config of a registered algorithm "
+            f"({', '.join(ALGORITHMS)}); pass the algorithm instance instead, e.g. "
+            f"train(MyAlgorithm({type(spec).__name__}(...)))"
+        )
+    raise ConfigError(f"cannot train {spec!r}: give an algorithm config, instance or class")
+
+
+def algorithm_name(algo_cls) -> str:
+    """The registry name of ``algo_cls``, or its qualified name if it is not registered."""
+    for name, registered in ALGORITHMS.items():
+        if algo_cls is registered:
+            return name
+    return f"{algo_cls.__module__}.{algo_cls.__qualname__}"
+
+
+# -- Placement ------------------------------------------------------------------------------------
+def rules_for(run: RunConfig) -> Rules:
+    """The default rules, with the seeds on a mesh axis when ``seed_axis`` names one."""
+    return seeds_on(run.parallel.seed_axis, RULES)
+
+
+def as_layout(layout: Layout | Mesh) -> Layout:
+    return layout if isinstance(layout, Layout) else Layout(layout)
+
+
+def state_shardings(algo, layout: Layout | Mesh, num_seeds: int = 1):
+    """The ``NamedSharding`` of every leaf of ``algo``'s training state (parameters, optimizer
+    moments, environment batch, keys, counters) under the layout; seeds add a leading axis."""
+    specs = algo.state_specs()
+    if num_seeds > 1:
+        specs = prepend_axis(specs, "seed")
+    return as_layout(layout).shardings(specs)
+
+
+def replicate(mesh: Mesh, tree):
+    """Host values (the same on every process) as global arrays replicated over ``mesh``.
+
+    With several processes (``jax.distributed``) a jitted program over the global mesh takes
+    global arrays only; each process contributes its identical copy. Typed keys included."""
+
+    def one(x):
+        if isinstance(x, jax.Array) and x.is_fully_addressable is False:
+            return x  # already global
+        sharding = NamedSharding(mesh, PartitionSpec())
+        if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+            data = np.asarray(jax.random.key_data(x))
+            impl = jax.random.key_impl(x)
+            data = jax.make_array_from_process_local_data(sharding, data, data.shape)
+            return jax.random.wrap_key_data(data, impl=impl)
+        x = np.asarray(x)
+        return jax.make_array_from_process_local_data(sharding, x, x.shape)
+
+    return jax.tree.map(one, tree)
+
+
+class ShardedRun:
+    """An algorithm placed on a mesh: sharded init and a compiled chunk runner.
+
+    With ``num_seeds > 1`` every leaf of the state gains a leading seed axis ``[S@seed_rule]``.
+    """
+
+    def __init__(
+        self, algo, layout: Layout | Mesh, num_seeds: int = 1, chunk_size: int = 25
+    ):
+        """``layout``: a ``Layout`` (mesh and rules), or a mesh with the default rules."""
+        self.algo = algo
+        self.layout = as_layout(layout)
+        self.mesh = mesh = self.layout.mesh
+        self.num_seeds = num_seeds
+        self.chunk_size = chunk_size
+        self.state_shardings = state_shardings(algo, self.layout, num_seeds)
+        if num_seeds > 1:
+            seed_mesh_axis = dict(self.layout.rules)["seed"]
+            self._update = jax.vmap(algo.update, spmd_axis_name=seed_mesh_axis)
+            # lax.map, not vmap: a vmapped orthogonal init becomes a batched LAPACK QR, whose
+            # CPU kernel in jaxlib 0.10 can deadlock in its thread pool (seen on 2 cores).
+            self._init = functools.partial(jax.lax.map, algo.init)
+        else:
+            self._update, self._init = algo.update, algo.init
+        self._init_jit = jax.jit(self._init_from_seed_key, out_shardings=self.state_shardings)
+        # Metrics replicated: every process can read them (multi-host) without a gather.
+        replicated = NamedSharding(mesh, PartitionSpec())
+        self._chunk_jit = jax.jit(
+            self._run_updates, out_shardings=(self.state_shardings, replicated), donate_argnums=0
+        )
+        self.compile_seconds: dict[str, float] = {}
+        self._init_members_jit = None
+
+    def init_members(self, keys: jax.Array, hparams: dict[str, jax.Array]):
+        """``num_seeds`` members from their own keys ``[S]`` and hyperparameters ``{name: [S]}``
+        (sweeps): member ``i`` equals ``algo.init(keys[i])`` with ``hparams[...][i]``."""
+        if self.num_seeds == 1:
+            raise ValueError("init_members needs num_seeds > 1 (one member per seed axis entry)")
+        if self._init_members_jit is None:
+
+            def init(keys, hparams):
+                state = self._init(keys)
+                return state.replace(hparams={**state.hparams, **hparams})
+
+            self._init_members_jit = jax.jit(init, out_shardings=self.state_shardings)
+        with self.layout.active():
+            return self._init_members_jit(*replicate(self.mesh, (keys, hparams)))
+
+    def _init_from_seed_key(self, key):
+        if self.num_seeds > 1:
+            return self._init(jax.random.split(key, self.num_seeds))
+        return self._init(key)
+
+    def _run_updates(self, state, num_updates):
+        """Up to ``chunk_size`` updates; metrics ``[chunk_size, (S,)]``, rows past ``num_updates``
+        are zeros. A traced trip count keeps one compiled program for every chunk length."""
+        metric_shapes = jax.eval_shape(self._update, state)[1]
+        buffer = jax.tree.map(
+            lambda m: jnp.zeros((self.chunk_size, *m.shape), m.dtype), metric_shapes
+        )
+
+        def body(i, carry):
+            state, buffer = carry
+            state, metrics = self._update(state)
+            buffer = jax.tree.map(lambda b, m: b.at[i].set(m), buffer, metrics)
+            return state, buffer
+
+        return jax.lax.fori_loop(0, num_updates, body, (state, buffer))
+
+    def init(self, key: jax.Array):
+        with self.layout.active():
+            return self._init_jit(replicate(self.mesh, key))
+
+    def abstract_state(self, key: jax.Array | None = None):
+        """The state as ``ShapeDtypeStruct`` leaves with shardings (ahead-of-time lowering,
+        checkpoint restore targets)."""
+        key = jax.random.key(0) if key is None else key
+        return jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+            jax.eval_shape(self._init_from_seed_key, key),
+            self.state_shardings,
+        )
+
+    def compile(self, key: jax.Array) -> None:
+        """Compile init and the chunk runner ahead of time; timings in ``compile_seconds``."""
+        with self.layout.active():
+            t0 = time.perf_counter()
+            self._init_jit = self._init_jit.lower(key).compile()
+            t1 = time.perf_counter()
+            self._chunk_jit = self._chunk_jit.lower(
+                self.abstract_state(key), jnp.int32(0)
+            ).compile()
+            t2 = time.perf_counter()
+        self.compile_seconds = {"init": t1 - t0, "chunk": t2 - t1}
+
+    def run_chunk(self, state, num_updates: int):
+        """``num_updates`` (1..chunk_size) updates in one call -> ``(state, metrics
+        [chunk_size, (S,)])``; rows past ``num_updates`` are zeros (``Loop`` trims them)."""
+        if not 0 < num_updates <= self.chunk_size:
+            raise ValueError(f"num_updates must be in [1, {self.chunk_size}], got {num_updates}")
+        with self.layout.active():
+            return self._chunk_jit(state, replicate(self.mesh, jnp.int32(num_updates)))
+
+
+# -- Everything checked, then built ---------------------------------------------------------------
+def make_run_mesh(run: RunConfig) -> Mesh:
+    if run.parallel.num_devices is not None:
+        set_num_cpu_devices(run.parallel.num_devices)
+    mesh = make_mesh(run.parallel.mesh)
+    if jax.process_count() > 1 and mesh.devices.size != jax.device_count():
+        raise ConfigError(
+            f"mesh {run.parallel.mesh!r} uses {mesh.devices.size} of the {jax.device_count()} "
+            f"devices of {jax.process_count()} processes; with several processes the mesh must "
+            "span every device (e.g. data=-1,model=2)"
+        )
+    return mesh
+
+
+def prepare(algorithm, run: RunConfig, swept: tuple[str, ...] = ()) -> tuple[Layout, Any]:
+    """Validate everything and build the layout and the algorithm (a config, instance or class:
+    an instance is rebuilt as its own class for the layout's replicas); raises ``ConfigError``
+    before anything compiles."""
+    algo_cls, config = resolve_algorithm(algorithm)
+    layout = Layout(make_run_mesh(run), rules_for(run))
+    validate_run(run, layout)
+    # One data-parallel replica per shard of the replica rule's mesh axis; seeds on that axis
+    # leave each seed's environment batch whole on its shard (one replica).
+    replicas = layout.shards("replica")
+    algo_cls.validate(config, layout.shards("batch"), layout.shards("mlp"))
+    return layout, algo_cls(config, replicas=replicas, swept=swept)

@@ -1,0 +1,250 @@
+"""``train()``: the whole job, one ``Loop`` with the hooks of ``rljax.run.hooks``.
+
+``train(PPOConfig(...), RunConfig.make(...))``, ``train(PPO(config))`` or ``train(MyPPO)``:
+validate, build, compile once, then run jitted chunks; between chunks the hooks move metrics to
+the host, write ``metrics.jsonl``, print progress, evaluate, check for non-finite values and save
+orbax checkpoints (``rljax.run.checkpoint``); the training maths stays in the jitted chunk. Extra
+hooks: ``train(..., hooks=[Hook(fn, every=10), fn, ...])`` (a plain function runs every chunk).
+
+* Checkpoints: every ``checkpoint_every`` updates (at chunk ends) and at the end, the whole
+  training state (parameters, optimizer and sync state, environment states and observations,
+  replay buffer, RNG keys, counters) plus JSON metadata (configs, mesh, replicas, versions,
+  env steps). ``resume=<run dir>`` continues from the newest valid checkpoint: same mesh gives
+  bitwise the same result as an uninterrupted run; other meshes: see ``rljax.run.resume``.
+* Non-finite guard: a NaN/Inf loss or gradient norm in any update, or non-finite parameters after
+  a chunk, stop the run with ``TrainingError`` naming the update and the quantity; the last good
+  checkpoint is never overwritten (``Checkpointer.save`` refuses non-finite states too). With
+  ``on_nonfinite="rollback"`` the run instead restores the last good checkpoint, replaces the RNG
+  key by a fresh split, and continues, at most ``max_rollbacks`` times.
+* SIGINT/SIGTERM: the current chunk finishes, a checkpoint is saved, and ``train`` returns with
+  ``interrupted=True`` after printing how to resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from rljax.diagnostics import communication, describe
+from rljax.errors import TrainingError
+from rljax.parallel import mesh_spec_of
+from rljax.run import hooks as builtin
+from rljax.run.config import RunConfig
+from rljax.run.evaluation import Evaluation
+from rljax.run.loop import Loop
+from rljax.run.resume import check_compatible, read_run_config, restore_step
+from rljax.run.run_log import NullRunLog, RunLog, default_run_name, plot_learning_curve
+from rljax.run.sharded import (
+    ShardedRun,
+    algorithm_name,
+    prepare,
+    registered_names,
+    resolve_algorithm,
+)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    state: Any
+    metrics: list[dict[str, Any]]  # rows of this call (a resumed run: from the resumed update on)
+    run_dir: Path
+    compile_seconds: dict[str, float]
+    steps_per_second: float
+    updates_done: int
+    interrupted: bool = False
+    resumed_from: int | None = None
+    rollbacks: int = 0
+
+
+class Session:
+    """One ``train`` call's pieces: mesh, algorithm, run log, checkpointer, printing."""
+
+    def __init__(self, algorithm, run: RunConfig, progress):
+        self.run = run
+        self.algo_cls, self.config = resolve_algorithm(algorithm)
+        self.name = algorithm_name(self.algo_cls)
+        resume = run.checkpointing.resume
+        saved = read_run_config(resume) if resume else None
+        if saved is not None:
+            check_compatible(saved, self.name, self.config, run)
+        self.layout, self.algo = prepare(algorithm, run)  # every ConfigError before any write
+        self.mesh = self.layout.mesh
+        self.primary = jax.process_index() == 0
+        quiet = run.logging.quiet
+        self.say = progress if (self.primary and not quiet) else (lambda *a, **k: None)
+        if resume:
+            self.run_dir = Path(resume)
+        else:
+            name = run.logging.run_name or default_run_name(self.name, self.config.env)
+            self.run_dir = Path(run.logging.runs_dir) / name
+        checkpoints = self.run_dir / "checkpoints"
+        if not resume and self.primary and checkpoints.exists():
+            shutil.rmtree(checkpoints)  # a fresh run replaces an earlier run of the same name
+        lg = run.logging
+        self.log = (
+            RunLog(
+                self.run_dir,
+                append=bool(resume),
+                tensorboard=lg.tensorboard,
+                wandb_project=lg.wandb_project if lg.wandb else None,
+            )
+            if self.primary
+            else NullRunLog()
+        )
+        self.log.write_config(
+            algorithm=self.name,
+            algo=self.config,
+            run=run,
+            mesh=self.mesh_info(),
+            backend=jax.default_backend(),
+            jax_version=jax.__version__,
+            processes=jax.process_count(),
+        )
+        from rljax.run.checkpoint import Checkpointer  # orbax: imported when a run starts
+
+        self.ckpt = Checkpointer(checkpoints, keep=run.checkpointing.keep_checkpoints)
+        chunk = min(lg.log_every, self.config.num_updates)
+        self.sharded = ShardedRun(self.algo, self.layout, run.num_seeds, chunk)
+        self.evaluation = None
+        if run.evaluation.eval_every:
+            self.evaluation = Evaluation(self.sharded, run.evaluation.eval_episodes, run.seed)
+        self.last_saved = 0
+
+    def mesh_info(self) -> dict:
+        return {
+            "spec": mesh_spec_of(self.mesh),
+            "axis_names": list(self.mesh.axis_names),
+            "shape": dict(self.mesh.shape),
+            "devices": int(self.mesh.devices.size),
+        }
+
+    def resume_command(self) -> str:
+        if self.name not in registered_names():  # resumed from Python, not the CLI
+            return f"train(..., RunConfig.make(resume={str(self.run_dir)!r}))"
+        return f"python -m rljax train {self.name} --resume {self.run_dir}"
+
+    def metadata(self, updates_done: int) -> dict:
+        from rljax.run.checkpoint import package_versions
+
+        return {
+            "algorithm": self.name,
+            "algo": dataclasses.asdict(self.config),
+            "run": dataclasses.asdict(self.run),
+            "mesh": self.mesh_info(),
+            "replicas": self.algo.replicas,
+            "num_seeds": self.run.num_seeds,
+            "update": updates_done,
+            "env_steps": updates_done * self.config.env_steps_per_update,
+            "versions": package_versions(),
+        }
+
+    def save(self, state, updates_done: int) -> None:
+        self.ckpt.save(updates_done, state, self.metadata(updates_done))
+        self.last_saved = updates_done
+
+    def restore_latest(self):
+        """``(update, state)`` of the newest valid checkpoint, placed on the current mesh."""
+        step = self.ckpt.latest_valid_step()
+        if step is None:
+            raise TrainingError(
+                f"cannot resume {self.run_dir}: no valid checkpoint in {self.ckpt.directory} "
+                "(nothing was started from scratch)"
+            )
+        return step, restore_step(self.ckpt, step, self.sharded)
+
+    def close(self) -> None:
+        try:
+            self.ckpt.close()
+        finally:
+            self.log.close()
+
+
+def train(algorithm, run: RunConfig | None = None, *, hooks=(), progress=print) -> TrainResult:
+    """Validate, build, compile and run to ``total_timesteps``; see the module doc.
+
+    ``algorithm``: a registered algorithm's config, an algorithm instance (rebuilt as its own
+    class for the mesh) or class (default config). ``hooks``: ``Hook``s or functions of a
+    ``ChunkInfo`` (every chunk), run after the built-in ones (``Hook(..., first=True)``: before).
+    Raises ``ConfigError`` (bad input, before anything is written or compiled) and
+    ``TrainingError`` (non-finite values, nothing valid to resume).
+    """
+    session = Session(algorithm, run or RunConfig(), progress)
+    try:
+        return _train(session, hooks)
+    finally:
+        session.close()
+
+
+def _train(s: Session, user_hooks) -> TrainResult:
+    run, cfg, say = s.run, s.config, s.say
+    say(
+        f"rljax {s.name} on {cfg.env}: mesh {mesh_spec_of(s.mesh)} ({jax.default_backend()}, "
+        f"{jax.process_count()} process(es)), {run.num_seeds} seed(s), {cfg.num_updates} updates "
+        f"x {cfg.env_steps_per_update} steps"
+    )
+    resume = run.checkpointing.resume
+    if resume and s.ckpt.latest_valid_step() is None:  # fail before compiling
+        raise TrainingError(
+            f"cannot resume {s.run_dir}: no valid checkpoint in {s.ckpt.directory} "
+            "(nothing was started from scratch)"
+        )
+    key = jax.random.key(run.seed)
+    s.sharded.compile(key)
+    if s.evaluation is not None:
+        s.sharded.compile_seconds["eval"] = s.evaluation.compile(key)
+    say(f"compiled in {sum(s.sharded.compile_seconds.values()):.1f} s")
+
+    loop = Loop(s.sharded, cfg.num_updates, cfg.env_steps_per_update)
+    guard = builtin.NonFiniteGuard(s)
+    signals = builtin.StopSignals()
+    loop.add_hook(guard)
+    loop.add_hook(signals)
+    if run.logging.measure_comm:
+        comm = communication(s.algo, s.layout)
+        s.log.write_extra("communication", comm)
+        say("communication per optimizer step per device (bytes): " + describe(comm))
+        loop.add_hook(builtin.comm_bytes(comm))
+    if s.evaluation is not None:
+        loop.add_hook(builtin.evaluate(s.evaluation), every=run.evaluation.eval_every)
+    loop.add_hook(builtin.log_metrics(s.log))
+    loop.add_hook(builtin.Progress(say))
+    loop.add_hook(builtin.poll_checkpoints(s.ckpt))
+    every = run.checkpointing.checkpoint_every
+    loop.add_hook(builtin.SaveCheckpoint(s), every=every, at_end=True)
+    for hook in user_hooks:
+        loop.add_hook(hook)
+
+    resumed_from = None
+    if resume:
+        done, state = s.restore_latest()
+        resumed_from = s.last_saved = done
+        s.log.truncate(done)  # rows written after that checkpoint are recomputed
+        say(f"resumed from update {done} ({done * cfg.env_steps_per_update:,} env steps)")
+    else:
+        done, state = 0, s.sharded.init(key)
+    with signals:
+        state = loop.run(state, start=done)
+    s.ckpt.wait()
+    if loop.stop_reason is not None:
+        say(
+            f"{loop.stop_reason}: stopped after update {loop.update}/{cfg.num_updates}; "
+            f"checkpoint saved in {s.ckpt.directory}. Resume with:\n  {s.resume_command()}"
+        )
+    if s.primary:
+        plot_learning_curve(s.log.metrics_path, s.log.plot_path, f"{s.name} {cfg.env}")
+        say(f"wrote {s.log.config_path}\n      {s.log.metrics_path}\n      {s.log.plot_path}")
+    return TrainResult(
+        state,
+        loop.rows,
+        s.run_dir,
+        s.sharded.compile_seconds,
+        loop.steps_per_second(),
+        loop.update,
+        interrupted=loop.stop_reason is not None,
+        resumed_from=resumed_from,
+        rollbacks=guard.rollbacks,
+    )

@@ -1,0 +1,111 @@
+"""The one host loop: hook cadence (every=N crossings, at_end), stop, rewind, state replacement.
+
+A stand-in for ShardedRun (numpy "updates", nothing compiled) keeps these instant; train() with
+real hooks: tests/run/test_training.py, test_resume.py, test_run_log.py."""
+
+import numpy as np
+import pytest
+
+from rljax.run.loop import Hook, Loop
+
+
+class CountingRun:
+    """``run_chunk`` adds one per update to the state; metrics: the update numbers."""
+
+    def __init__(self, chunk_size: int, num_seeds: int = 1):
+        self.chunk_size, self.num_seeds, self.calls = chunk_size, num_seeds, []
+
+    def run_chunk(self, state, count):
+        self.calls.append(count)
+        updates = np.zeros((self.chunk_size, self.num_seeds), np.float32)
+        updates[:count] = state + 1 + np.arange(count)[:, None]
+        if self.num_seeds == 1:
+            updates = updates[:, 0]
+        return state + count, {"episode_return": updates, "loss": updates * 0}
+
+
+def record(calls, name):
+    return lambda info: calls.append((name, info.update))
+
+
+def test_every_fires_at_chunks_crossing_a_multiple_and_at_end_once():
+    run = CountingRun(chunk_size=3)
+    loop = Loop(run, num_updates=10, env_steps_per_update=8)
+    calls = []
+    loop.add_hook(record(calls, "every4"), every=4)
+    loop.add_hook(record(calls, "end"), every=None, at_end=True)
+    loop.add_hook(record(calls, "every4+end"), every=4, at_end=True)
+    loop.add_hook(record(calls, "chunk"))
+    loop.add_hook(record(calls, "every5+end"), every=5, at_end=True)  # 10 crosses 10: fires once
+    assert loop.run(0) == 10 and run.calls == [3, 3, 3, 1]
+    by_name = {}
+    for name, update in calls:
+        by_name.setdefault(name, []).append(update)
+    assert by_name == {
+        "every4": [6, 9],  # chunk ends 3, 6, 9, 10: 6 crosses 4, 9 crosses 8
+        "end": [10],
+        "every4+end": [6, 9, 10],
+        "chunk": [3, 6, 9, 10],
+        "every5+end": [6, 10],
+    }
+    assert [r["update"] for r in loop.rows] == list(range(1, 11))
+    assert loop.rows[-1]["env_steps"] == 80 and loop.rows[-1]["episode_return"] == 10
+
+
+def test_hooks_get_host_rows_and_may_add_columns():
+    loop = Loop(CountingRun(chunk_size=2, num_seeds=3), num_updates=4)
+    seen = []
+
+    def add(info):
+        info.rows[-1]["extra"] = info.update
+
+    loop.add_hook(add, every=4)
+    loop.add_hook(lambda info: seen.append((info.metrics["episode_return"].shape, info.rows)))
+    loop.run(0)
+    assert [shape for shape, _ in seen] == [(2, 3), (2, 3)]  # per-seed metrics of the chunk
+    row = seen[-1][1][-1]
+    assert row["update"] == 4 and row["extra"] == 4
+    assert row["episode_return"] == 4.0 and list(row["episode_return_per_seed"]) == [4, 4, 4]
+    assert [r.get("extra") for r in loop.rows] == [None, None, None, 4]
+
+
+def test_stop_request_ends_after_the_chunk_and_runs_pending_at_end_hooks():
+    loop = Loop(CountingRun(chunk_size=2), num_updates=20)
+    calls = []
+    loop.add_hook(lambda info: calls.append(("save", info.update, info.stop_reason)), every=10,
+                  at_end=True)  # fmt: skip
+    loop.add_hook(lambda info: info.update >= 6 and info.loop.request_stop("enough"))
+    loop.add_hook(record(calls, "chunk"))
+    assert loop.run(0) == 6 and loop.stop_reason == "enough"
+    assert calls[-2:] == [("chunk", 6), ("save", 6, "enough")]  # the save hook, after a stop
+    assert [r["update"] for r in loop.rows] == list(range(1, 7))
+
+
+def test_rewind_skips_the_rest_of_the_chunk_and_forgets_later_rows():
+    loop = Loop(CountingRun(chunk_size=2), num_updates=8)
+    calls = []
+
+    def rollback_once(info):
+        if info.update == 6 and not calls.count(("rewound", 6)):
+            calls.append(("rewound", 6))
+            info.loop.rewind(2, 2)
+
+    loop.add_hook(rollback_once)
+    loop.add_hook(record(calls, "after"))
+    assert loop.run(0) == 8
+    assert [u for name, u in calls if name == "after"] == [2, 4, 4, 6, 8]  # 6 skipped once
+    assert [r["update"] for r in loop.rows] == list(range(1, 9))  # none doubled
+
+
+def test_replace_state_and_first_hooks_run_before_the_others():
+    loop = Loop(CountingRun(chunk_size=5), num_updates=10)
+    seen = []
+    loop.add_hook(lambda info: seen.append(info.state))
+    loop.add_hook(Hook(lambda info: info.loop.replace_state(info.state + 100), first=True))
+    assert loop.run(0) == 210  # 0+5 -> 105 -> +5 -> 110 -> 210
+    assert seen == [105, 210]
+
+
+def test_every_must_be_positive():
+    with pytest.raises(ValueError, match="every must be >= 1"):
+        Loop(CountingRun(1), 1).add_hook(print, every=0)

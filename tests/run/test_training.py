@@ -1,0 +1,64 @@
+"""train() takes configs, algorithm instances and classes; a subclass trains as itself."""
+
+import dataclasses
+import json
+
+import jax.numpy as jnp
+import pytest
+
+import rljax
+from rljax import PPO, ConfigError, PPOConfig, RunConfig, train
+from rljax.run.sharded import prepare
+
+
+@dataclasses.dataclass(frozen=True)
+class KLPPOConfig(PPOConfig):
+    """PPO with a penalty on the approximate KL to the rollout policy."""
+
+    kl_coef: float = 0.5
+
+
+class KLPPO(PPO):
+    def loss(self, params, batch, hparams):
+        loss, aux = super().loss(params, batch, hparams)
+        penalty = self.config.kl_coef * aux["approx_kl"]
+        return loss + penalty, {**aux, "kl_penalty": penalty}
+
+
+SMALL = KLPPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 2, num_minibatches=2)
+
+
+def test_subclass_instance_trains_as_itself_and_user_hooks_get_rows(tmp_path):
+    seen = []
+    run = RunConfig.make(
+        mesh="data=2,model=2", runs_dir=str(tmp_path), run_name="kl", log_every=1, quiet=True,
+        eval_every=0,
+    )  # fmt: skip
+    result = train(KLPPO(SMALL), run, hooks=[lambda info: seen.extend(info.rows)])
+    assert result.updates_done == 2
+    assert [r["update"] for r in seen] == [1, 2]
+    assert all("kl_penalty" in r and jnp.isfinite(r["kl_penalty"]) for r in seen)
+    assert all("kl_penalty" in r for r in result.metrics)
+    config = json.loads((tmp_path / "kl" / "config.json").read_text())
+    assert config["algorithm"].endswith("test_training.KLPPO")
+    assert config["algo"]["kl_coef"] == 0.5
+    assert "communication" not in config  # measure_comm is off by default
+
+
+def test_a_config_picks_its_registered_algorithm_and_instances_are_rebuilt_for_the_mesh():
+    _, algo = prepare(KLPPO(SMALL), RunConfig.make(mesh="data=2,model=2"))
+    assert type(algo) is KLPPO and algo.replicas == 2 and algo.config is SMALL
+    _, algo = prepare(KLPPO, RunConfig.make(mesh="data=2"))
+    assert type(algo) is KLPPO and algo.config == PPOConfig()
+    _, algo = prepare(dataclasses.replace(PPOConfig(), num_envs=8), RunConfig())
+    assert type(algo) is PPO
+
+
+def test_an_unregistered_config_type_asks_for_the_instance(tmp_path):
+    with pytest.raises(ConfigError, match="pass the algorithm instance"):
+        train(SMALL, RunConfig.make(runs_dir=str(tmp_path), run_name="x"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_rljax_train_is_the_function():
+    assert rljax.train is train and callable(rljax.train)
