@@ -1,12 +1,25 @@
 """rljax: sharded reinforcement learning on jitted gymnax environments."""
 
-from rljax.algos import DQN, PPO, DQNConfig, DQNState, PPOConfig, PPOState
+from rljax.algos import (
+    A2C,
+    DQN,
+    PPO,
+    A2CConfig,
+    A2CState,
+    DQNConfig,
+    DQNState,
+    PPOConfig,
+    PPOState,
+)
 from rljax.errors import ConfigError
 from rljax.run import Hook, RunConfig, ShardedRun, TrainResult, train
 
 __all__ = [
+    "A2C",
     "DQN",
     "PPO",
+    "A2CConfig",
+    "A2CState",
     "ConfigError",
     "DQNConfig",
     "DQNState",

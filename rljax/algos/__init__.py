@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from rljax.algos.a2c import A2C, A2CConfig, A2CState
 from rljax.algos.base import Algorithm
 from rljax.algos.dqn import DQN, DQNConfig, DQNState
 from rljax.algos.ppo import PPO, PPOConfig, PPOState, gae
@@ -14,6 +15,7 @@ from rljax.errors import ConfigError
 ALGORITHMS: dict[str, type[Algorithm]] = {
     "ppo": PPO,
     "dqn": DQN,
+    "a2c": A2C,
 }
 
 
@@ -30,7 +32,10 @@ def algorithm_for(config) -> type[Algorithm]:
 
 
 __all__ = [
+    "A2C",
     "ALGORITHMS",
+    "A2CConfig",
+    "A2CState",
     "DQN",
     "Algorithm",
     "DQNConfig",
