@@ -2,10 +2,12 @@
 
 from rljax.algos import (
     A2C,
+    ALGORITHMS,
     DQN,
     PPO,
     A2CConfig,
     A2CState,
+    Algorithm,
     DQNConfig,
     DQNState,
     PPOConfig,
@@ -16,6 +18,8 @@ from rljax.run import Hook, RunConfig, ShardedRun, TrainResult, train
 
 __all__ = [
     "A2C",
+    "ALGORITHMS",
+    "Algorithm",
     "DQN",
     "PPO",
     "A2CConfig",

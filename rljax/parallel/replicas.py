@@ -50,7 +50,8 @@ def replica_mesh_axis(replicas: int) -> str | None:
     if size != replicas:
         raise ConfigError(
             f"{replicas} data-parallel replicas on a mesh whose data axis has {size} devices; "
-            f"build the algorithm with replicas={size} (rljax.run.prepare does this from the layout)"
+            f"build the algorithm with replicas={size} (rljax.run.prepare does this from the "
+            "layout)"
         )
     return REPLICA_AXIS
 

@@ -9,7 +9,7 @@ import pytest
 
 from rljax import A2C, A2CConfig, ConfigError, RunConfig
 from rljax.algos import ALGORITHMS, algorithm_for
-from rljax.runner import ShardedRun, prepare
+from rljax.run.sharded import ShardedRun, prepare
 
 TINY = A2CConfig(num_envs=8, num_steps=8, total_timesteps=8 * 8 * 4, actor_widths=(16, 16))
 
@@ -121,4 +121,4 @@ def test_registered_with_its_sweepable_fields():
 )
 def test_bad_input_gives_one_clear_message(change, mesh, message):
     with pytest.raises(ConfigError, match=message):
-        prepare(dataclasses.replace(A2CConfig(), **change), RunConfig(mesh=mesh))
+        prepare(dataclasses.replace(A2CConfig(), **change), RunConfig.make(mesh=mesh))
