@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from rljax.algos import ALGORITHMS
 from rljax.cli import main
 from rljax.run.run_log import read_metrics
 
@@ -76,7 +77,8 @@ def test_short_run_writes_config_metrics_and_plot(tmp_path, capsys, seeds):
 
 def test_top_level_commands_and_console_script(capsys):
     assert main(["--help"]) == 0
-    assert "rljax train {ppo,dqn}" in capsys.readouterr().out  # subcommands from the registry
+    # subcommands from the registry
+    assert "rljax train {" + ",".join(ALGORITHMS) + "}" in capsys.readouterr().out
     assert main(["trian", "ppo"]) == 2
     assert "error: unknown command 'trian'; expected train or launch" in capsys.readouterr().err
     # `rljax launch` is rljax.launch.main: its own one-line input errors

@@ -20,18 +20,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from rljax.algos.base import (
-    Algorithm,
-    adam,
-    check_divisible,
-    episode_metrics,
-    resumable,
-    sweepable,
-)
-from rljax.algos.ppo import gae
-from rljax.envs import EnvBatch, Transition, check_env_name
+from rljax.algos.actor_critic import ActorCriticAlgorithm, Rollout, env_major, gae
+from rljax.algos.base import adam, check_divisible, episode_metrics, resumable, sweepable
+from rljax.envs import EnvBatch, check_env_name
 from rljax.errors import ConfigError
-from rljax.networks import ActorCritic, check_tensor_parallel, distributions
+from rljax.networks import check_tensor_parallel, distributions
 from rljax.parallel.sync import SyncConfig, validate_sync
 
 
@@ -92,14 +85,6 @@ class A2CState:
     hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
 
 
-class Rollout(NamedTuple):
-    """A rollout, every leaf ``[T, B@batch, ...]``."""
-
-    transition: Transition
-    action: jax.Array  # [T, B@batch] int32
-    value: jax.Array  # [T, B@batch] V(obs) when acting
-
-
 class A2CBatch(NamedTuple):
     """Samples for the loss, leaves ``[n, ...]`` (one replica's share of the rollout)."""
 
@@ -109,7 +94,7 @@ class A2CBatch(NamedTuple):
     returns: jax.Array  # [n] value targets
 
 
-class A2C(Algorithm):
+class A2C(ActorCriticAlgorithm):
     """A2C built from a config; methods are pure functions of their array arguments.
 
     On-policy with one gradient step per rollout, so the loss needs no behaviour log-probabilities.
@@ -134,7 +119,7 @@ class A2C(Algorithm):
         for name in ("ent_coef", "vf_coef", "max_grad_norm"):
             if getattr(config, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(config, name)}")
-        check_divisible("num_envs", config.num_envs, batch_shards, "(the data-parallel replicas)")
+        check_divisible(f"num_envs={config.num_envs}", config.num_envs, batch_shards)
         if config.num_updates < 1:
             raise ConfigError(
                 f"total_timesteps={config.total_timesteps} is less than one update "
@@ -143,15 +128,6 @@ class A2C(Algorithm):
         validate_sync(config.sync)
         check_tensor_parallel(
             {"actor": config.actor_widths, "critic": config.critic_widths}, mlp_shards
-        )
-
-    def build_network(self) -> ActorCritic:
-        c = self.config
-        return ActorCritic(
-            num_actions=self.env.spec.num_actions,
-            actor_widths=c.actor_widths,
-            critic_widths=c.critic_widths,
-            activation=c.activation,
         )
 
     def build_optimizer(self):
@@ -171,35 +147,7 @@ class A2C(Algorithm):
         step = jnp.zeros((), jnp.int32)
         return A2CState(params, opt_state, {}, env, key, step, self.initial_hparams())
 
-    # -- acting -----------------------------------------------------------------------------------
-    def policy(self, params, obs: jax.Array):
-        """``obs: [B@batch, D]`` -> ``(logits [B@batch, A], value [B@batch])``."""
-        return self.learner.apply(self.network.apply, params, obs)
-
-    def value(self, params, obs: jax.Array) -> jax.Array:
-        """``obs: [B@batch, D]`` -> ``[B@batch]``."""
-        apply = lambda p, o: self.network.apply(p, o, method=ActorCritic.value)  # noqa: E731
-        return self.learner.apply(apply, params, obs)
-
-    def eval_action(self, params, obs, key, greedy: bool = True) -> jax.Array:
-        """One replica's parameters: argmax of the logits, or a sample."""
-        logits, _ = self.network.apply(params, obs)
-        if greedy:
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        return distributions.sample(key, logits)
-
-    def rollout(self, params, env: EnvBatch, key: jax.Array) -> tuple[EnvBatch, Rollout]:
-        """``num_steps`` batched steps -> the new ``EnvBatch`` and a ``Rollout`` ``[T, B]``."""
-
-        def step(env, step_key):
-            act_key, env_key = jax.random.split(step_key)
-            logits, value = self.policy(params, env.obs)
-            action = distributions.sample(act_key, logits)
-            env, transition = self.env.step(env_key, env, action)
-            return env, Rollout(transition, action, value)
-
-        return jax.lax.scan(step, env, jax.random.split(key, self.config.num_steps))
-
+    # -- learning ---------------------------------------------------------------------------------
     def advantages(self, params, rollout: Rollout, hparams: dict[str, jax.Array]):
         """``(advantages, returns)``, both ``[T, B@batch]``.
 
@@ -212,7 +160,6 @@ class A2C(Algorithm):
         ends = (tr.terminated, tr.truncated)
         return gae(tr.reward, rollout.value, next_values, *ends, hp.gamma, hp.gae_lambda)
 
-    # -- learning ---------------------------------------------------------------------------------
     def loss(self, params, batch: A2CBatch, hparams: dict[str, jax.Array]):
         """Policy gradient + value regression - entropy bonus of one replica's samples."""
         c = self.resolve(hparams)
@@ -243,9 +190,7 @@ class A2C(Algorithm):
         samples = A2CBatch(tr.obs, rollout.action, advantages, returns)
         # [T, B@batch, ...] -> [B*T, ...] env-major, then [R@replica, B/R * T, ...]: a replica's
         # own environments, so no sample leaves its data shard.
-        batch = self.learner.split(
-            jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), samples)
-        )
+        batch = self.learner.split(env_major(samples))
         params, opt_state, sync, metrics = self.sgd_step(
             state.params, state.opt_state, state.sync, batch, state.hparams
         )

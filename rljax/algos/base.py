@@ -193,8 +193,11 @@ def check_representable(config, prefix: str = "") -> None:
             )
 
 
-def check_divisible(what: str, value: int, shards: int, why: str) -> None:
+def check_divisible(what: str, value: int, shards: int, why: str = "") -> None:
+    """``value`` (described by ``what``, e.g. ``"num_envs=6"``) must split evenly over the
+    ``shards`` data-parallel shards."""
     if value % shards:
         raise ConfigError(
-            f"{what}={value} is not divisible by {shards} {why}; use a multiple of {shards}"
+            f"{what} is not divisible by the data axis size {shards}{why}; "
+            f"use a multiple of {shards}"
         )

@@ -189,10 +189,12 @@ class DQN(Algorithm):
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(c, name)}")
         if not 0.0 < c.tau <= 1.0:
             raise ConfigError(f"tau must be in (0, 1] (1 = hard target update), got {c.tau}")
-        check_divisible("num_envs", c.num_envs, batch_shards, "(the data-parallel replicas)")
+        check_divisible(f"num_envs={c.num_envs}", c.num_envs, batch_shards)
         check_divisible(
-            "batch_size", c.batch_size, batch_shards,
-            "(each data-parallel replica samples its share from its own replay rows)",
+            f"batch_size={c.batch_size}",
+            c.batch_size,
+            batch_shards,
+            f" (each data shard samples batch_size / {batch_shards} from its own replay rows)",
         )
         if c.buffer_size % c.num_envs or c.buffer_size < c.num_envs:
             raise ConfigError(

@@ -21,17 +21,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from rljax.algos.base import (
-    Algorithm,
-    adam,
-    check_divisible,
-    episode_metrics,
-    resumable,
-    sweepable,
-)
-from rljax.envs import EnvBatch, Transition, check_env_name
+from rljax.algos.actor_critic import ActorCriticAlgorithm, Rollout, env_major, gae
+from rljax.algos.base import adam, check_divisible, episode_metrics, resumable, sweepable
+from rljax.envs import EnvBatch, check_env_name
 from rljax.errors import ConfigError
-from rljax.networks import ActorCritic, distributions
+from rljax.networks import distributions
 from rljax.networks.mlp import check_tensor_parallel, check_torso
 from rljax.parallel.rules import constrain
 from rljax.parallel.sync import SyncConfig, validate_sync
@@ -112,15 +106,6 @@ class PPOState:
     hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
 
 
-class Rollout(struct.PyTreeNode):
-    """A rollout, every leaf ``[T, B@batch, ...]``."""
-
-    transition: Transition
-    action: jax.Array
-    log_prob: jax.Array
-    value: jax.Array
-
-
 class PPOBatch(NamedTuple):
     """Samples for the loss, leaves ``[n, ...]`` (one replica's minibatch)."""
 
@@ -132,36 +117,7 @@ class PPOBatch(NamedTuple):
     returns: jax.Array  # [n] GAE value targets
 
 
-def gae(
-    rewards: jax.Array,
-    values: jax.Array,
-    next_values: jax.Array,
-    terminated: jax.Array,
-    truncated: jax.Array,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[jax.Array, jax.Array]:
-    """Generalised advantage estimation, ``[T, B]`` inputs -> ``(advantages, returns)``.
-
-    ``next_values[t]`` is ``V`` of the observation after step ``t`` *before* any reset
-    (``final_observation``). It is dropped on termination; the trace is cut at every episode end.
-    """
-    ended = jnp.logical_or(terminated, truncated).astype(jnp.float32)
-    bootstrap = 1.0 - terminated.astype(jnp.float32)
-    deltas = rewards + gamma * bootstrap * next_values - values
-
-    def backward(next_advantage, xs):
-        delta, end = xs
-        advantage = delta + gamma * gae_lambda * (1.0 - end) * next_advantage
-        return advantage, advantage
-
-    _, advantages = jax.lax.scan(
-        backward, jnp.zeros_like(deltas[0]), (deltas, ended), reverse=True, unroll=16
-    )
-    return advantages, advantages + values
-
-
-class PPO(Algorithm):
+class PPO(ActorCriticAlgorithm):
     """PPO built from a config; methods are pure functions of their array arguments.
 
     A ``data=R`` mesh and ``R`` replicas emulated on one device give the same numbers; the model
@@ -187,14 +143,18 @@ class PPO(Algorithm):
         for name in ("clip_eps", "ent_coef", "vf_coef", "max_grad_norm"):
             if getattr(config, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(config, name)}")
-        replicas = "(the data-parallel replicas)"
-        check_divisible("num_envs", config.num_envs, batch_shards, replicas)
+        check_divisible(f"num_envs={config.num_envs}", config.num_envs, batch_shards)
         if config.batch_size % config.num_minibatches:
             raise ConfigError(
                 f"num_minibatches={config.num_minibatches} does not divide the batch "
                 f"num_envs*num_steps={config.batch_size}"
             )
-        check_divisible("minibatch size", config.minibatch_size, batch_shards, replicas)
+        check_divisible(
+            f"minibatch size {config.minibatch_size} (batch {config.batch_size} / "
+            f"{config.num_minibatches} minibatches)",
+            config.minibatch_size,
+            batch_shards,
+        )
         if config.num_updates < 1:
             raise ConfigError(
                 f"total_timesteps={config.total_timesteps} is less than one update "
@@ -204,16 +164,6 @@ class PPO(Algorithm):
         check_torso(config.torso_widths)
         towers = {"torso": config.torso_widths, "actor": config.actor_widths}
         check_tensor_parallel({**towers, "critic": config.critic_widths}, mlp_shards)
-
-    def build_network(self) -> ActorCritic:
-        c = self.config
-        return ActorCritic(
-            num_actions=self.env.spec.num_actions,
-            actor_widths=c.actor_widths,
-            critic_widths=c.critic_widths,
-            torso_widths=c.torso_widths,
-            activation=c.activation,
-        )
 
     def build_optimizer(self):
         c = self.config
@@ -240,35 +190,7 @@ class PPO(Algorithm):
         step = jnp.zeros((), jnp.int32)
         return PPOState(params, opt_state, {}, env, key, step, self.initial_hparams())
 
-    # -- acting -----------------------------------------------------------------------------------
-    def policy(self, params, obs: jax.Array):
-        """``obs: [B@batch, D]`` -> ``(logits [B@batch, A], value [B@batch])``."""
-        return self.learner.apply(self.network.apply, params, obs)
-
-    def value(self, params, obs: jax.Array) -> jax.Array:
-        apply = lambda p, o: self.network.apply(p, o, method=ActorCritic.value)  # noqa: E731
-        return self.learner.apply(apply, params, obs)
-
-    def eval_action(self, params, obs, key, greedy: bool = True) -> jax.Array:
-        """One replica's parameters: argmax of the logits, or a sample."""
-        logits, _ = self.network.apply(params, obs)
-        if greedy:
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        return distributions.sample(key, logits)
-
-    def rollout(self, params, env: EnvBatch, key: jax.Array) -> tuple[EnvBatch, Rollout]:
-        """``num_steps`` batched steps -> the new ``EnvBatch`` and a ``Rollout`` ``[T, B]``."""
-
-        def step(env, step_key):
-            act_key, env_key = jax.random.split(step_key)
-            logits, value = self.policy(params, env.obs)
-            action = distributions.sample(act_key, logits)
-            log_prob = distributions.log_prob(logits, action)
-            env, transition = self.env.step(env_key, env, action)
-            return env, Rollout(transition, action, log_prob, value)
-
-        return jax.lax.scan(step, env, jax.random.split(key, self.config.num_steps))
-
+    # -- learning targets ---------------------------------------------------------------------
     def next_values(self, params, rollout: Rollout, last_obs: jax.Array) -> jax.Array:
         """``V`` of the observation after each step, before any reset: ``[T, B@batch]``.
 
@@ -363,9 +285,7 @@ class PPO(Algorithm):
         )
         # [T, B@batch, ...] -> [B*T, ...] env-major, then [R@replica, B/R * T, ...]: a replica's
         # own environments, so no sample leaves its data shard.
-        batch = self.learner.split(
-            jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), samples)
-        )
+        batch = self.learner.split(env_major(samples))
         (params, opt_state, sync), sgd_metrics = jax.lax.scan(
             lambda carry, k: self.epoch(carry, k, batch, state.hparams),
             (state.params, state.opt_state, state.sync),

@@ -228,5 +228,5 @@ def validate_run(run: RunConfig, layout) -> None:
     if run.num_seeds % seed_shards:
         raise ConfigError(
             f"seed_axis={run.parallel.seed_axis!r} needs num_seeds ({run.num_seeds}) divisible "
-            f"by that mesh axis size {seed_shards}"
+            f"by the {run.parallel.seed_axis} axis size {seed_shards}"
         )

@@ -128,7 +128,7 @@ class Session:
         return f"python -m rljax train {self.name} --resume {self.run_dir}"
 
     def metadata(self, updates_done: int) -> dict:
-        from rljax.run.checkpoint import package_versions
+        from rljax.run.metadata import package_versions
 
         return {
             "algorithm": self.name,

@@ -106,7 +106,7 @@ def test_buffer_and_parameters_are_sharded_on_the_mesh(prioritized):
         TINY, prioritized=prioritized, n_step=3, double_dqn=True, dueling=True, loss="huber"
     )
     state, metrics = run_dqn(config, "data=2,model=2", config.num_updates)
-    obs = state.buffer.data["obs"]
+    obs = state.buffer.data.obs
     assert obs.shape == (4, 16, 4) and tuple(obs.sharding.spec)[:1] == ("data",)
     assert {s.data.shape[0] for s in obs.addressable_shards} == {2}  # 2 env rows per data shard
     kernel = state.params["params"]["tower"]["dense_0"]["kernel"]

@@ -24,9 +24,12 @@ def cartpole_run(mesh4):
 
 
 def run_updates(run, seed, num_updates):
-    rows = []
-    for state, metrics, _ in run.chunks(run.init(jax.random.key(seed)), num_updates):  # noqa: B007
-        rows.append(jax.device_get(metrics))
+    state, rows, done = run.init(jax.random.key(seed)), [], 0
+    while done < num_updates:
+        count = min(run.chunk_size, num_updates - done)
+        state, metrics = run.run_chunk(state, count)
+        rows.append(jax.device_get(jax.tree.map(lambda m, n=count: m[:n], metrics)))
+        done += count
     return state, jax.tree.map(lambda *m: np.concatenate(m), *rows)
 
 

@@ -25,9 +25,8 @@ from rljax.run.checkpoint import (
     CheckpointWarning,
     NonFiniteStateError,
     abstract_of,
-    compare_metadata,
-    package_versions,
 )
+from rljax.run.metadata import compare_metadata, package_versions
 
 
 @struct.dataclass

@@ -1,0 +1,102 @@
+"""What actor-critic algorithms (PPO, A2C) share: the network from the config, acting through
+the learner, the rollout, and GAE. Shapes: ``T = num_steps``, ``B = num_envs``, ``D`` the
+flattened observation, ``A`` the number of actions."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from rljax.algos.base import Algorithm
+from rljax.envs import EnvBatch, Transition
+from rljax.networks import ActorCritic, distributions
+
+
+class Rollout(struct.PyTreeNode):
+    """A rollout, every leaf ``[T, B@batch, ...]``."""
+
+    transition: Transition
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+
+
+def gae(
+    rewards: jax.Array,
+    values: jax.Array,
+    next_values: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation, ``[T, B]`` inputs -> ``(advantages, returns)``.
+
+    ``next_values[t]`` is ``V`` of the observation after step ``t`` *before* any reset
+    (``final_observation``). It is dropped on termination; the trace is cut at every episode end.
+    """
+    ended = jnp.logical_or(terminated, truncated).astype(jnp.float32)
+    bootstrap = 1.0 - terminated.astype(jnp.float32)
+    deltas = rewards + gamma * bootstrap * next_values - values
+
+    def backward(next_advantage, xs):
+        delta, end = xs
+        advantage = delta + gamma * gae_lambda * (1.0 - end) * next_advantage
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(
+        backward, jnp.zeros_like(deltas[0]), (deltas, ended), reverse=True, unroll=16
+    )
+    return advantages, advantages + values
+
+
+def env_major(samples):
+    """``[T, B@batch, ...]`` leaves -> ``[B*T, ...]``, each environment's steps together, so that
+    ``learner.split`` gives every replica the steps of its own environments."""
+    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), samples)
+
+
+class ActorCriticAlgorithm(Algorithm):
+    """An ``Algorithm`` acting with ``ActorCritic`` (config fields ``actor_widths``,
+    ``critic_widths``, ``activation``, optionally ``torso_widths``) and a categorical policy."""
+
+    def build_network(self) -> ActorCritic:
+        c = self.config
+        return ActorCritic(
+            num_actions=self.env.spec.num_actions,
+            actor_widths=c.actor_widths,
+            critic_widths=c.critic_widths,
+            torso_widths=getattr(c, "torso_widths", ()),
+            activation=c.activation,
+        )
+
+    # -- acting -----------------------------------------------------------------------------------
+    def policy(self, params, obs: jax.Array):
+        """``obs: [B@batch, D]`` -> ``(logits [B@batch, A], value [B@batch])``."""
+        return self.learner.apply(self.network.apply, params, obs)
+
+    def value(self, params, obs: jax.Array) -> jax.Array:
+        apply = lambda p, o: self.network.apply(p, o, method=ActorCritic.value)  # noqa: E731
+        return self.learner.apply(apply, params, obs)
+
+    def eval_action(self, params, obs, key, greedy: bool = True) -> jax.Array:
+        """One replica's parameters: argmax of the logits, or a sample."""
+        logits, _ = self.network.apply(params, obs)
+        if greedy:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return distributions.sample(key, logits)
+
+    def rollout(self, params, env: EnvBatch, key: jax.Array) -> tuple[EnvBatch, Rollout]:
+        """``num_steps`` batched steps -> the new ``EnvBatch`` and a ``Rollout`` ``[T, B]``."""
+
+        def step(env, step_key):
+            act_key, env_key = jax.random.split(step_key)
+            logits, value = self.policy(params, env.obs)
+            action = distributions.sample(act_key, logits)
+            log_prob = distributions.log_prob(logits, action)
+            env, transition = self.env.step(env_key, env, action)
+            return env, Rollout(transition, action, log_prob, value)
+
+        return jax.lax.scan(step, env, jax.random.split(key, self.config.num_steps))
+
