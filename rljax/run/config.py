@@ -16,6 +16,7 @@ import typing
 from typing import Any, Literal
 
 from rljax.errors import ConfigError
+from rljax.parallel.mesh import DEFAULT_MESH
 
 RESUMABLE = {"resumable": True}
 
@@ -28,7 +29,7 @@ def _resumable(default):
 class ParallelConfig:
     """Devices and the mesh."""
 
-    mesh: str = _resumable("data=1,model=1")
+    mesh: str = _resumable(DEFAULT_MESH)
     """device mesh, e.g. 'data=2,model=2'; one axis may be -1 (all remaining devices)."""
     num_devices: int | None = _resumable(None)
     """emulate this many CPU devices (must be set before JAX starts)."""
