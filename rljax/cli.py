@@ -23,6 +23,7 @@ import dataclasses
 import decimal
 import functools
 import sys
+import warnings
 from typing import Annotated
 
 import tyro
@@ -114,8 +115,26 @@ def _resume_defaults(argv: list[str]):
     return command, command(algo=algo, run=run)
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    """rljax's own warnings (stale lock taken over, damaged checkpoint skipped) as one
+    ``warning:`` line; others as Python prints them."""
+    if category.__module__.startswith("rljax."):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        _show_warning(message, category, filename, lineno, file, line)
+
+
+_show_warning = warnings.showwarning
+
+
 def train_main(argv: list[str]) -> int:
     """``rljax train ...``: parse, join a multi-process job if asked, train; the exit code."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        return _train_main(argv)
+
+
+def _train_main(argv: list[str]) -> int:
     try:
         resume = _resume_defaults(argv)
         if resume is None:

@@ -274,3 +274,15 @@ def test_read_only_runs_dir_is_one_error_even_where_permissions_are_not_enforced
     with pytest.raises(ConfigError, match=r"not writable: .*or a read-only filesystem"):
         train(TINY, tiny_run(tmp_path / "runs", "x"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stale_lock_is_one_warning_line_from_the_cli(finished, interrupt_compile, capsys):
+    runs, done = finished
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write_lock(done, dead.pid)
+    assert main(["train", "ppo", "--resume", str(done), "--quiet"]) == 130
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("interrupted: SIGINT")
+    assert lines[0].startswith(f"warning: taking over the stale lock {done / LOCK_NAME} of pid")
+    assert not (done / LOCK_NAME).exists()
