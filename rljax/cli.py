@@ -9,16 +9,21 @@
 every field of the algorithm config and of ``RunConfig`` is a flag under its own name
 (``--help`` lists them with their defaults). With ``--resume`` the saved run's configuration is
 the default and flags may change only what ``rljax.run.resume`` allows (total steps, mesh,
-logging, ...). Invalid values stop with one ``error:`` line before anything is compiled (exit 2);
-a run stopped by non-finite values or with nothing to resume exits 1; SIGINT/SIGTERM save a
-checkpoint and exit 0. ``rljax launch`` is ``rljax.launch.main``.
+logging, ...). Integer flags take integer-valued literals (``--total-timesteps 5e5``). Invalid
+values, an existing run directory (without ``--overwrite``) or one in use by another run stop
+with one ``error:`` line before anything is written or compiled (exit 2); a run stopped by
+non-finite values or with nothing to resume exits 1; SIGINT/SIGTERM during training save a
+checkpoint and exit 0, before the first chunk they print one line and exit 130/143 (a fresh
+run's directory removed). ``rljax launch`` is ``rljax.launch.main``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import functools
 import sys
+import warnings
 from typing import Annotated
 
 import tyro
@@ -34,6 +39,41 @@ USAGE = """usage: rljax {train,launch} ...
   rljax train {%s} [flags]    train an algorithm (rljax train ppo --help: every flag)
   rljax launch -n N [options] -- train ...   run N cooperating processes on this machine
 """
+
+
+# Integer flags also take integer-valued literals: --total-timesteps 5e5 is 500000.
+INTEGERS = tyro.constructors.ConstructorRegistry()
+
+
+def parse_int(text: str) -> int:
+    """``"500000"``, ``"5e5"``, ``"1_000"``, ``"2.0e3"`` -> int; a non-integer value (``"2.5"``)
+    or a non-number raises ``ValueError`` (tyro reports it naming the flag)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = decimal.Decimal(text.strip())
+    except decimal.InvalidOperation:
+        value = None
+    if value is None or not value.is_finite() or value.adjusted() > 100:
+        raise ValueError(f"{text!r} is not an integer")
+    if value != value.to_integral_value():
+        raise ValueError(f"{text!r} is not an integer (exact integers like 500000 or 5e5 are)")
+    return int(value)
+
+
+@INTEGERS.primitive_rule
+def _integer_rule(info: tyro.constructors.PrimitiveTypeInfo):
+    if info.type is not int:
+        return None
+    return tyro.constructors.PrimitiveConstructorSpec(
+        nargs=1,
+        metavar="INT",
+        instance_from_str=lambda args: parse_int(args[0]),
+        is_instance=lambda x: isinstance(x, int) and not isinstance(x, bool),
+        str_from_instance=lambda x: [str(x)],
+    )
 
 
 @functools.cache
@@ -75,14 +115,36 @@ def _resume_defaults(argv: list[str]):
     return command, command(algo=algo, run=run)
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    """rljax's own warnings (stale lock taken over, damaged checkpoint skipped) as one
+    ``warning:`` line; others as Python prints them."""
+    if category.__module__.startswith("rljax."):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        _show_warning(message, category, filename, lineno, file, line)
+
+
+_show_warning = warnings.showwarning
+
+
 def train_main(argv: list[str]) -> int:
     """``rljax train ...``: parse, join a multi-process job if asked, train; the exit code."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        return _train_main(argv)
+
+
+def _train_main(argv: list[str]) -> int:
     try:
         resume = _resume_defaults(argv)
         if resume is None:
             commands = {name: command_type(name) for name in registered_names()}
             command = tyro.extras.subcommand_cli_from_dict(
-                commands, args=argv, prog="rljax train", config=(tyro.conf.OmitArgPrefixes,)
+                commands,
+                args=argv,
+                prog="rljax train",
+                config=(tyro.conf.OmitArgPrefixes,),
+                registry=INTEGERS,
             )
         else:
             command_cls, default = resume
@@ -92,6 +154,7 @@ def train_main(argv: list[str]) -> int:
                 default=default,
                 prog=f"rljax train {argv[0]}",
                 config=(tyro.conf.OmitArgPrefixes,),
+                registry=INTEGERS,
             )
         # Joins a multi-process job when flags or the environment (rljax launch, SLURM, TPU pod
         # with --auto) say so; before anything touches JAX.
@@ -105,6 +168,9 @@ def train_main(argv: list[str]) -> int:
     except TrainingError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as error:  # before the first chunk or after the loop; one line
+        print(f"interrupted: {error}" if str(error) else "interrupted", file=sys.stderr)
+        return 128 + getattr(error, "signum", 2)
     return 0
 
 

@@ -89,3 +89,25 @@ def test_top_level_commands_and_console_script(capsys):
 
     pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"] == {"rljax": "rljax.cli:main"}
+
+
+def test_integer_flags_take_exact_integer_literals(monkeypatch, tmp_path, capsys):
+    import rljax.run.training
+
+    seen = []
+    monkeypatch.setattr(rljax.run.training, "train", lambda algo, run: seen.append((algo, run)))
+    args = ["train", "ppo", "--total-timesteps", "5e5", "--num-envs", "1.6E1", "--seed", "1_000"]
+    assert main([*args, "--actor-widths", "64", "1.28e2", "--runs-dir", str(tmp_path)]) == 0
+    ((algo, run),) = seen
+    assert (algo.total_timesteps, algo.num_envs, algo.actor_widths) == (500000, 16, (64, 128))
+    assert run.seed == 1000 and type(algo.total_timesteps) is int
+    monkeypatch.setenv("COLUMNS", "200")
+    for value in ("2.5", "5e-1", "inf", "nan", "abc"):
+        with pytest.raises(SystemExit) as exit_:  # tyro's parse errors exit 2 (its usual box)
+            main(["train", "ppo", "--total-timesteps", value])
+        assert exit_.value.code == 2
+        captured = capsys.readouterr()
+        text = captured.out + captured.err
+        assert "--total-timesteps" in text and f"{value!r} is not an integer" in text
+        assert "Traceback" not in text
+    assert len(seen) == 1 and list(tmp_path.iterdir()) == []

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from rljax.errors import ConfigError
 from rljax.parallel.mesh import DEFAULT_MESH
+from rljax.run.run_dir import check_run_name, check_seed, check_writable_dir
 
 RESUMABLE = {"resumable": True}
 
@@ -44,9 +45,13 @@ class LoggingConfig:
     log_every: int = _resumable(25)
     """updates per jitted chunk; progress and metrics are written between chunks."""
     run_name: str | None = _resumable(None)
-    """run directory name under runs_dir (default: <algo>-<env>-<time>)."""
+    """run directory name under runs_dir (default: <algo>-<env>-<time>): letters, digits, '.',
+    '_', '-', not starting with '.'."""
     runs_dir: str = _resumable("runs")
     """parent directory of run directories."""
+    overwrite: bool = _resumable(False)
+    """replace an existing run directory of the same name (without it a fresh run refuses to
+    touch one); its contents are removed only after every check passed. Ignored with resume."""
     quiet: bool = _resumable(False)
     """print nothing (files are still written)."""
     measure_comm: bool = _resumable(False)
@@ -201,6 +206,11 @@ def validate_run(run: RunConfig, layout) -> None:
     """Every ``ConfigError`` of ``run`` on a ``Layout``, before anything is written or
     compiled."""
     values = run.flat()
+    check_seed(run.seed)
+    if not run.checkpointing.resume:  # a resume writes into its own directory only
+        if run.logging.run_name is not None:
+            check_run_name(run.logging.run_name)
+        check_writable_dir(run.logging.runs_dir, "runs_dir")
     for name in ("num_seeds", "log_every", "checkpoint_every", "keep_checkpoints"):
         if values[name] < 1:
             raise ConfigError(f"{name} must be >= 1, got {values[name]}")

@@ -17,26 +17,34 @@ hooks: ``train(..., hooks=[Hook(fn, every=10), fn, ...])`` (a plain function run
   ``on_nonfinite="rollback"`` the run instead restores the last good checkpoint, replaces the RNG
   key by a fresh split, and continues, at most ``max_rollbacks`` times.
 * SIGINT/SIGTERM: the current chunk finishes, a checkpoint is saved, and ``train`` returns with
-  ``interrupted=True`` after printing how to resume.
+  ``interrupted=True`` after printing how to resume. Before the first chunk (compiling,
+  restoring) they raise ``Interrupted`` (a ``KeyboardInterrupt``) and a fresh run's directory is
+  removed; a resumed run's is kept.
+* The run directory (``rljax.run.run_dir``): a fresh run never modifies an existing one
+  (``ConfigError``; ``overwrite=True`` replaces it after validation), ``run.lock`` keeps a second
+  run or resume out while this one is alive, and is released on every exit path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import shutil
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
 import jax
 
 from rljax.diagnostics import communication, describe
-from rljax.errors import TrainingError
+from rljax.errors import Interrupted, TrainingError
 from rljax.parallel import mesh_spec_of
 from rljax.run import hooks as builtin
 from rljax.run.config import RunConfig
 from rljax.run.evaluation import Evaluation
 from rljax.run.loop import Loop
 from rljax.run.resume import check_compatible, read_run_config, restore_step
+from rljax.run.run_dir import RunDirectory, safe_name
 from rljax.run.run_log import NullRunLog, RunLog, default_run_name, plot_learning_curve
 from rljax.run.sharded import (
     ShardedRun,
@@ -61,7 +69,9 @@ class TrainResult:
 
 
 class Session:
-    """One ``train`` call's pieces: mesh, algorithm, run log, checkpointer, printing."""
+    """One ``train`` call's pieces: mesh, algorithm, run directory, run log, checkpointer,
+    printing. Constructing it validates (nothing written); ``open`` creates and locks the run
+    directory and builds the rest; ``close`` runs on every exit path."""
 
     def __init__(self, algorithm, run: RunConfig, progress):
         self.run = run
@@ -76,15 +86,37 @@ class Session:
         self.primary = jax.process_index() == 0
         quiet = run.logging.quiet
         self.say = progress if (self.primary and not quiet) else (lambda *a, **k: None)
-        if resume:
-            self.run_dir = Path(resume)
-        else:
-            name = run.logging.run_name or default_run_name(self.name, self.config.env)
-            self.run_dir = Path(run.logging.runs_dir) / name
-        checkpoints = self.run_dir / "checkpoints"
-        if not resume and self.primary and checkpoints.exists():
-            shutil.rmtree(checkpoints)  # a fresh run replaces an earlier run of the same name
+        self.run_dir = Path(resume) if resume else self._fresh_dir()
         lg = run.logging
+        self.directory = RunDirectory(
+            self.run_dir, fresh=not resume, overwrite=lg.overwrite, primary=self.primary
+        )
+        self.directory.check()  # an existing run or a held lock: ConfigError, nothing written
+        self.log = self.ckpt = None
+        self.started = False  # the first chunk is under way: the run directory is kept
+        self.last_saved = 0
+
+    def _fresh_dir(self) -> Path:
+        lg = self.run.logging
+        if lg.run_name is not None:
+            return Path(lg.runs_dir) / lg.run_name
+        name = safe_name(default_run_name(self.name, self.config.env))
+        path, n = Path(lg.runs_dir) / name, 1
+        while path.exists():  # a default name never collides with an earlier run
+            n += 1
+            path = Path(lg.runs_dir) / f"{name}-{n}"
+        return path
+
+    def open(self) -> None:
+        """Create (or, with ``overwrite``, clear) and lock the run directory, then the run log,
+        checkpointer and compiled-run objects."""
+        run, lg = self.run, self.run.logging
+        self.directory.open()
+        if jax.process_count() > 1:  # process 0 has prepared the directory
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"rljax run directory {self.run_dir}")
+        resume = run.checkpointing.resume
         self.log = (
             RunLog(
                 self.run_dir,
@@ -106,13 +138,14 @@ class Session:
         )
         from rljax.run.checkpoint import Checkpointer  # orbax: imported when a run starts
 
-        self.ckpt = Checkpointer(checkpoints, keep=run.checkpointing.keep_checkpoints)
+        self.ckpt = Checkpointer(
+            self.run_dir / "checkpoints", keep=run.checkpointing.keep_checkpoints
+        )
         chunk = min(lg.log_every, self.config.num_updates)
         self.sharded = ShardedRun(self.algo, self.layout, run.num_seeds, chunk)
         self.evaluation = None
         if run.evaluation.eval_every:
             self.evaluation = Evaluation(self.sharded, run.evaluation.eval_episodes, run.seed)
-        self.last_saved = 0
 
     def mesh_info(self) -> dict:
         return {
@@ -156,11 +189,25 @@ class Session:
             )
         return step, restore_step(self.ckpt, step, self.sharded)
 
-    def close(self) -> None:
+    def close(self, interrupted: bool = False) -> str:
+        """Close the checkpointer and log, then release the run directory; ``interrupted``
+        before the first chunk: a fresh run's files are removed. Returns what happened to the
+        directory (for the interrupt message)."""
+        discard = interrupted and not self.started
         try:
-            self.ckpt.close()
+            try:
+                if self.ckpt is not None:
+                    self.ckpt.close()
+            finally:
+                if self.log is not None:
+                    self.log.close()
         finally:
-            self.log.close()
+            removed = self.directory.close(discard=discard)
+        if removed:
+            return f"removed {self.run_dir} (nothing was trained)"
+        if self.directory.fresh:
+            return f"resume with: {self.resume_command()}" if self.last_saved else ""
+        return f"{self.run_dir} is kept; resume it again with: {self.resume_command()}"
 
 
 def train(algorithm, run: RunConfig | None = None, *, hooks=(), progress=print) -> TrainResult:
@@ -169,14 +216,41 @@ def train(algorithm, run: RunConfig | None = None, *, hooks=(), progress=print) 
     ``algorithm``: a registered algorithm's config, an algorithm instance (rebuilt as its own
     class for the mesh) or class (default config). ``hooks``: ``Hook``s or functions of a
     ``ChunkInfo`` (every chunk), run after the built-in ones (``Hook(..., first=True)``: before).
-    Raises ``ConfigError`` (bad input, before anything is written or compiled) and
-    ``TrainingError`` (non-finite values, nothing valid to resume).
+    Raises ``ConfigError`` (bad input, an existing run directory, a locked one: before anything
+    is written or compiled), ``TrainingError`` (non-finite values, nothing valid to resume) and
+    ``Interrupted`` (SIGINT/SIGTERM before the first chunk finished, or after the loop).
     """
-    session = Session(algorithm, run or RunConfig(), progress)
+    session = Session(algorithm, run or RunConfig(), progress)  # validation: nothing written
+    interrupted = None
     try:
-        return _train(session, hooks)
+        with _sigterm_interrupts():
+            session.open()
+            return _train(session, hooks)
+    except KeyboardInterrupt as error:  # Ctrl-C (or SIGTERM) outside the loop's own handling
+        interrupted = error
     finally:
-        session.close()
+        outcome = session.close(interrupted=interrupted is not None)
+    signum = getattr(interrupted, "signum", signal.SIGINT)
+    when = "before the first chunk finished" if not session.started else "after training started"
+    raise Interrupted(f"{signal.Signals(signum).name} {when}; {outcome}".rstrip("; "), signum)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises ``Interrupted`` like Ctrl-C while ``train`` is outside its loop (which
+    handles both itself), so the run directory and its lock are released."""
+
+    def handle(signum, _frame):
+        raise Interrupted("SIGTERM", signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _train(s: Session, user_hooks) -> TrainResult:
@@ -226,6 +300,7 @@ def _train(s: Session, user_hooks) -> TrainResult:
         say(f"resumed from update {done} ({done * cfg.env_steps_per_update:,} env steps)")
     else:
         done, state = 0, s.sharded.init(key)
+    s.started = True  # from here SIGINT/SIGTERM finish the chunk and save (StopSignals)
     with signals:
         state = loop.run(state, start=done)
     s.ckpt.wait()
