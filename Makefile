@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 
 # PPO on CartPole-v1, emulated 4-device CPU mesh: 2-way data x 2-way tensor parallel.
 demo: $(STAMP)
-	$(PY) -m rljax train ppo --env CartPole-v1 --mesh data=2,model=2 --num-devices 4 --run-name demo-ppo-cartpole --measure-comm
+	$(PY) -m rljax train ppo --env CartPole-v1 --mesh data=2,model=2 --num-devices 4 --measure-comm
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check rljax tests experiments notebooks
