@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
-from rljax.algos.actor_critic import ActorCriticAlgorithm, Rollout, env_major, gae
+from rljax.algos.actor_critic import (
+    ActorCriticAlgorithm,
+    ActorCriticState,
+    Rollout,
+    env_major,
+    gae,
+)
 from rljax.algos.base import adam, check_divisible, episode_metrics, resumable, sweepable
-from rljax.envs import EnvBatch, check_env_name
+from rljax.envs import check_env_name
 from rljax.errors import ConfigError
 from rljax.networks import check_tensor_parallel, distributions
 from rljax.parallel.sync import SyncConfig, validate_sync
@@ -72,17 +77,7 @@ class A2CConfig:
         return self.total_timesteps // self.env_steps_per_update
 
 
-@struct.dataclass
-class A2CState:
-    """``params``/``opt_state`` are ``[R@replica, ...]`` per replica for local/adaptive sync."""
-
-    params: Any
-    opt_state: Any
-    sync: dict[str, Any]  # gradient-sync state (residuals, queues, counters)
-    env: EnvBatch
-    key: jax.Array
-    update_step: jax.Array  # int32 scalar: updates done
-    hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
+A2CState = ActorCriticState
 
 
 class A2CBatch(NamedTuple):

@@ -4,6 +4,8 @@ flattened observation, ``A`` the number of actions."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -11,6 +13,20 @@ from flax import struct
 from rljax.algos.base import Algorithm
 from rljax.envs import EnvBatch, Transition
 from rljax.networks import ActorCritic, distributions
+
+
+@struct.dataclass
+class ActorCriticState:
+    """The training state of PPO and A2C (``PPOState``, ``A2CState``). ``params``/``opt_state``
+    are ``[R@replica, ...]`` per replica for local/adaptive sync."""
+
+    params: Any
+    opt_state: Any
+    sync: dict[str, Any]  # gradient-sync state (residuals, queues, counters)
+    env: EnvBatch
+    key: jax.Array
+    update_step: jax.Array  # int32 scalar: updates done
+    hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
 
 
 class Rollout(struct.PyTreeNode):

@@ -15,15 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
-from rljax.algos.actor_critic import ActorCriticAlgorithm, Rollout, env_major, gae
+from rljax.algos.actor_critic import (
+    ActorCriticAlgorithm,
+    ActorCriticState,
+    Rollout,
+    env_major,
+    gae,
+)
 from rljax.algos.base import adam, check_divisible, episode_metrics, resumable, sweepable
-from rljax.envs import EnvBatch, check_env_name
+from rljax.envs import check_env_name
 from rljax.errors import ConfigError
 from rljax.networks import distributions
 from rljax.networks.mlp import check_tensor_parallel, check_torso
@@ -93,17 +98,7 @@ class PPOConfig:
         return self.total_timesteps // self.batch_size
 
 
-@struct.dataclass
-class PPOState:
-    """``params``/``opt_state`` are ``[R@replica, ...]`` per replica for local/adaptive sync."""
-
-    params: Any
-    opt_state: Any
-    sync: dict[str, Any]  # gradient-sync state (residuals, queues, counters)
-    env: EnvBatch
-    key: jax.Array
-    update_step: jax.Array  # int32 scalar: updates done
-    hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
+PPOState = ActorCriticState
 
 
 class PPOBatch(NamedTuple):
