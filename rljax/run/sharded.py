@@ -121,9 +121,15 @@ class ShardedRun:
     def __init__(
         self, algo, layout: Layout | Mesh, num_seeds: int = 1, chunk_size: int = 25
     ):
-        """``layout``: a ``Layout`` (mesh and rules), or a mesh with the default rules."""
-        self.algo = algo
+        """``algo``: an algorithm instance, or a config / class (built and validated for the
+        layout's replicas, as ``prepare`` does); ``layout``: a ``Layout`` (mesh and rules), or a
+        mesh with the default rules."""
         self.layout = as_layout(layout)
+        if not isinstance(algo, Algorithm):
+            algo_cls, config = resolve_algorithm(algo)
+            algo_cls.validate(config, self.layout.shards("batch"), self.layout.shards("mlp"))
+            algo = algo_cls(config, replicas=self.layout.shards("replica"))
+        self.algo = algo
         self.mesh = mesh = self.layout.mesh
         self.num_seeds = num_seeds
         self.chunk_size = chunk_size

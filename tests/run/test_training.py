@@ -8,7 +8,7 @@ import pytest
 
 import rljax
 from rljax import PPO, ConfigError, PPOConfig, RunConfig, train
-from rljax.run.sharded import prepare
+from rljax.run.sharded import ShardedRun, prepare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +26,7 @@ class KLPPO(PPO):
 
 
 SMALL = KLPPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 2, num_minibatches=2)
+SMALL_PPO = PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 2, num_minibatches=2)
 
 
 def test_subclass_instance_trains_as_itself_and_user_hooks_get_rows(tmp_path):
@@ -62,3 +63,11 @@ def test_an_unregistered_config_type_asks_for_the_instance(tmp_path):
 
 def test_rljax_train_is_the_function():
     assert rljax.train is train and callable(rljax.train)
+
+
+def test_sharded_run_builds_a_config_or_class_for_its_layout(mesh4):
+    run = ShardedRun(SMALL_PPO, mesh4, chunk_size=1)
+    assert type(run.algo) is PPO and run.algo.replicas == 2 and run.algo.config is SMALL_PPO
+    assert type(ShardedRun(KLPPO, mesh4, chunk_size=1).algo) is KLPPO
+    with pytest.raises(ConfigError, match="num_envs=3 is not divisible"):
+        ShardedRun(dataclasses.replace(SMALL_PPO, num_envs=3), mesh4)
