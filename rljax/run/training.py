@@ -40,6 +40,7 @@ from rljax.diagnostics import communication, describe
 from rljax.errors import Interrupted, TrainingError
 from rljax.parallel import mesh_spec_of
 from rljax.run import hooks as builtin
+from rljax.run import memory
 from rljax.run.config import RunConfig
 from rljax.run.evaluation import Evaluation
 from rljax.run.loop import Loop
@@ -82,6 +83,7 @@ class Session:
         if saved is not None:
             check_compatible(saved, self.name, self.config, run)
         self.layout, self.algo = prepare(algorithm, run)  # every ConfigError before any write
+        self.memory = memory.estimate(self.algo, self.layout, run.num_seeds)  # checked, cached
         self.mesh = self.layout.mesh
         self.primary = jax.process_index() == 0
         quiet = run.logging.quiet
