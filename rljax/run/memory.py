@@ -257,14 +257,16 @@ def estimate(algo, layout, num_seeds: int = 1) -> MemoryEstimate:
 
 
 def _hints(config, parts: dict[str, int], num_seeds: int) -> tuple[str, ...]:
-    """What to lower, biggest part first."""
+    """What to lower: the flags of the (at most two) parts that make up a tenth of the total or
+    more, biggest first."""
     hints: list[str] = []
     by_size = sorted(parts.items(), key=lambda kv: -kv[1])
     flags = {label: flag for label, flag in CATEGORIES.values()}
     fields = {f.name for f in dataclasses.fields(config)}
     working = [f"--{n.replace('_', '-')}" for n in ("num_envs", "num_steps", "batch_size")]
     working = [w for w in working if w[2:].replace("-", "_") in fields]
-    for name, _ in by_size[:2]:
+    total = sum(parts.values())
+    for name, _ in [(n, b) for n, b in by_size[:2] if b >= total / 10]:
         hint = " or ".join(working) if name == WORKING else flags.get(name, "")
         for flag in hint.split(" or "):
             if flag and flag not in hints:
