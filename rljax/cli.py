@@ -36,6 +36,7 @@ from typing import Literal, get_args, get_origin
 import tyro
 
 from rljax import presets
+from rljax.algos import ALGORITHMS
 from rljax.cli_flags import command_type as command_type  # re-exported
 from rljax.cli_flags import flags_of, from_command, to_command
 from rljax.distributed import exit_process, initialize
@@ -138,10 +139,22 @@ def one_line(text: str, prog: str) -> str:
     return message
 
 
-def parse(algorithm: str, args: list[str], default) -> object:
+SWEEP_HELP = (
+    "Sweep {algo}: the train flags, where a comma list (--lr 1e-4,3e-4, --num-envs 4,8) sweeps "
+    "an algorithm flag: sweepable floats ({floats}) as vmapped members of one compiled program, "
+    "other flags as separate compiled groups run one after another; --seeds 0,1,2 (default 0) "
+    "gives each setting's seeds. Writes results.md and results.json in the sweep directory."
+)
+
+
+def parse(algorithm: str, args: list[str], default, command: str = "train") -> object:
     """tyro's parse of ``rljax train <algorithm>`` flags; a parse error raises ``ConfigError``
     with one line (--help prints and exits 0 as usual)."""
-    prog = f"rljax train {algorithm}"
+    prog = f"rljax {command} {algorithm}"
+    description = None
+    if command == "sweep":
+        floats = ", ".join(ALGORITHMS[algorithm].sweepable())
+        description = SWEEP_HELP.format(algo=algorithm, floats=floats)
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
@@ -150,6 +163,7 @@ def parse(algorithm: str, args: list[str], default) -> object:
                 args=args,
                 default=default,
                 prog=prog,
+                description=description,
                 config=(tyro.conf.OmitArgPrefixes,),
                 registry=INTEGERS,
             )
@@ -207,7 +221,7 @@ def defaults(algorithm: str, argv: list[str]):
 def parse_train(argv: list[str], command: str = "train"):
     """``rljax train <algo> [flags]`` -> (algorithm, algo config, RunConfig, DistributedConfig)."""
     algorithm = _check_algorithm(argv, command)
-    parsed = parse(algorithm, argv[1:], defaults(algorithm, argv[1:]))
+    parsed = parse(algorithm, argv[1:], defaults(algorithm, argv[1:]), command)
     return (algorithm, *from_command(algorithm, parsed))
 
 

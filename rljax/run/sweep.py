@@ -14,6 +14,9 @@ with that setting's values, so it equals a single run with ``RunConfig(seed=seed
 config changed to the setting. ``RunConfig.make(seed_axis="data")`` places the members on the
 data axis of the mesh (``S`` divisible by its size).
 
+``sweep_groups`` (``rljax sweep``) runs one such program per combination of the values of the
+other fields (shapes, programs), one after another, and writes a results table of all of them.
+
 Written per setting: ``<run dir>/<setting>/metrics.jsonl`` (seed mean and per-seed returns per
 update), plus ``summary.json``, ``summary.md`` and ``sweep.png`` in the run directory.
 """
