@@ -462,6 +462,11 @@ def curve_study_markdown(report: dict) -> str:
                 else "."
             ),
         ]
+    else:
+        lines += [
+            "- **no greedy evaluation**: this result was recorded before the study evaluated the "
+            "greedy policy and is replotted from its JSON; re-running the script adds it.",
+        ]
     lines += [
         f"- **training return**: the policy that is training (PPO: sampled actions; DQN: "
         f"epsilon-greedy), per seed the mean training episode_return (the mean over environments "
