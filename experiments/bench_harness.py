@@ -532,13 +532,15 @@ def curve_study_plot(report: dict, path: Path) -> None:
     fig = Figure(figsize=(8, 5))
     ax = fig.subplots()
     n = len(report["seeds"])
+    exploring = "epsilon_start" in report.get("config", {})
+    behaviour = "epsilon-greedy policy" if exploring else "sampled actions"
     plot_seed_curves(
         ax,
         env_steps,
         returns,
         window,
         color="tab:blue",
-        label=f"training return (stochastic policy), mean of {n} seeds, 95 % CI",
+        label=f"training return ({behaviour}), mean of {n} seeds, 95 % CI",
         low=low,
         high=high,
     )
@@ -664,6 +666,7 @@ def curve_study_main(
         report = json.loads(args.replot.read_text())
         report.setdefault("return_range", list(return_range))
         summarise_curves(report)
+        write_json_compact(args.replot, name, report)  # derived figures only; its metadata kept
         print(curve_study_outputs(report, args.replot.with_suffix("")))
         return report
     config = make_config(args.total_timesteps)
