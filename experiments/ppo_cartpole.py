@@ -1,6 +1,6 @@
 """PPO on CartPole-v1 with the default ``PPOConfig()``, 5 seeds: learning curves and final return.
 
-    python experiments/ppo_cartpole.py                  # 5 seeds x 5e5 env steps (~1 min, 2 cores)
+    python experiments/ppo_cartpole.py                  # 5 seeds x 5e5 env steps (~2 min, 2 cores)
     python experiments/ppo_cartpole.py --quick          # smoke run, writes to a temp dir
     python experiments/ppo_cartpole.py --seeds 0 1 2 --total-timesteps 250000 --out /tmp/ppo
     python experiments/ppo_cartpole.py --replot experiments/results/ppo_cartpole.json
