@@ -453,7 +453,8 @@ def curve_study_markdown(report: dict) -> str:
             f"episodes per seed, each to its end; mean and 95 % CI over all "
             f"{row['num_seeds']} seeds x {ev['episodes']} episodes (this treats a seed's "
             "episodes as independent samples, so it understates seed-to-seed variation: the "
-            "per-seed table shows that). Lowest final episode: "
+            "per-seed table shows that; the interval over the seeds' means is "
+            f"{row['eval_return_over_seeds_str']}). Lowest final episode: "
             f"{row['eval_min']:.1f}"
             + (
                 f"; {row['eval_at_max']} of {row['num_seeds'] * ev['episodes']} episodes at the "
@@ -632,6 +633,8 @@ def summarise_curves(report: dict) -> None:
         row["eval_return_mean"], row["eval_return_ci95"] = float(mean), float(half)
         row["eval_return_str"] = ci_str(mean, half, low, high)
         seed_mean, seed_half = mean_ci(final, axis=1)
+        mean, half = mean_ci(seed_mean)
+        row["eval_return_over_seeds_str"] = ci_str(mean, half, low, high)
         for i, s in enumerate(per_seed):
             s["eval_return"] = float(seed_mean[i])
             s["eval_return_str"] = ci_str(seed_mean[i], seed_half[i], low, high)
