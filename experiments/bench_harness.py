@@ -146,27 +146,55 @@ def mean_std(values) -> tuple[float, float]:
 
 
 def smooth(x, window: int):
-    """Trailing moving mean over ``window`` rows of ``x: [U, ...]`` (shorter at the start)."""
+    """``rljax.run.stats.smooth`` (trailing moving mean over ``window`` rows) applied to each
+    column of ``x: [U, ...]``."""
     import numpy as np
+
+    from rljax.run.stats import smooth as smooth_1d
 
     x = np.asarray(x, np.float64)
-    c = np.cumsum(np.concatenate([np.zeros((1, *x.shape[1:])), x]), axis=0)
-    idx = np.arange(1, len(x) + 1)
-    lo = np.maximum(idx - window, 0)
-    width = (idx - lo).reshape(-1, *([1] * (x.ndim - 1)))
-    return (c[idx] - c[lo]) / width
+    flat = x.reshape(len(x), -1)
+    out = np.stack([smooth_1d(c, window) for c in flat.T], axis=1) if flat.size else flat
+    return out.reshape(x.shape)
 
 
-def first_step_at(returns, env_steps_per_update: int, threshold: float):
-    """``returns: [U, S]`` -> per seed the env steps of the first update with return >=
-    ``threshold`` (``None`` if never)."""
+def curve_window(num_updates: int) -> int:
+    """Smoothing window (updates) of the learning-curve studies: 1/50 of the run, at least 1."""
+    return max(1, num_updates // 50)
+
+
+def threshold_steps(returns, env_steps, threshold: float, window: int) -> dict:
+    """Per seed and for the seed-mean curve, on the curve smoothed over ``window`` updates
+    (``rljax.run.stats``): ``reach`` = first env step the smoothed curve is >= ``threshold``,
+    ``held`` = first env step from which it stays >= ``threshold`` to the end (None: never /
+    ends below). ``returns: [U, S]``, ``env_steps: [U]``."""
+    import math
+    import statistics
+
     import numpy as np
 
-    out = []
-    for column in np.asarray(returns).T:
-        hits = np.flatnonzero(column >= threshold)
-        out.append(int((hits[0] + 1) * env_steps_per_update) if len(hits) else None)
-    return out
+    from rljax.run.stats import held_from, steps_to_threshold
+
+    returns = np.asarray(returns, np.float64)
+    reach = [steps_to_threshold(env_steps, c, threshold, window) for c in returns.T]
+    held = [held_from(env_steps, c, threshold, window) for c in returns.T]
+
+    def median(values):
+        # a seed that never gets there counts as later than every seed that does
+        if not values or sum(v is None for v in values) * 2 >= len(values):
+            return None
+        return float(statistics.median([math.inf if v is None else v for v in values]))
+
+    mean_curve = returns.mean(1)
+    return {
+        "window": window,
+        "reach": reach,
+        "held": held,
+        "reach_median": median(reach),
+        "held_median": median(held),
+        "mean_curve_reach": steps_to_threshold(env_steps, mean_curve, threshold, window),
+        "mean_curve_held": held_from(env_steps, mean_curve, threshold, window),
+    }
 
 
 def write_json_compact(path: Path, name: str, report: dict[str, Any]) -> None:
@@ -198,13 +226,57 @@ def write_json_compact(path: Path, name: str, report: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def train_seeds(algo_config, seeds: list[int], chunk_size: int | None = None, progress=log):
+EVAL_SALT = 0xE7A1  # as rljax.run.evaluation: evaluation keys never reuse training keys
+
+
+def greedy_evaluator(run, seeds: list[int], episodes: int):
+    """``evaluate(state, update) -> [S, episodes]`` returns of the greedy policy (PPO: argmax of
+    the logits; DQN: argmax Q) of each seed, one fresh environment per episode run to its end
+    (``rljax.run.evaluation.Evaluator``). The keys depend only on the seed, the update and the
+    episode index, never on the training keys; evaluation is timed apart from training."""
+    import jax
+    import numpy as np
+
+    from rljax.run.evaluation import Evaluator
+
+    evaluator = Evaluator(run.algo, 1)  # one env per episode, vmapped: per-episode returns
+
+    def episodes_of(params, keys):  # keys [E] -> [E]
+        return jax.vmap(lambda k: evaluator(params, k)["eval_return"])(keys)
+
+    fn = jax.jit(jax.vmap(episodes_of) if len(seeds) > 1 else episodes_of)
+
+    def evaluate(state, update: int):
+        keys = [
+            jax.random.split(
+                jax.random.fold_in(jax.random.fold_in(jax.random.key(s), EVAL_SALT), update),
+                episodes,
+            )
+            for s in seeds
+        ]
+        keys = jax.numpy.stack(keys) if len(seeds) > 1 else keys[0]
+        with run.layout.active():
+            out = np.asarray(jax.device_get(fn(state.params, keys)), np.float64)
+        return out.reshape(len(seeds), episodes)
+
+    return evaluate
+
+
+def train_seeds(
+    algo_config,
+    seeds: list[int],
+    chunk_size: int | None = None,
+    progress=log,
+    eval_episodes: int = 0,
+):
     """Train ``algo_config`` once per seed, the seeds vmapped in one jit on a ``data=1,model=1``
     mesh. Seed ``s`` starts from ``algo.init(jax.random.key(s))``, as ``rljax train`` with
     ``--seed s`` and as a ``rljax.run.sweep`` member with seed ``s`` do.
 
     Returns ``{"metrics": {name: [U, S] numpy}, "compile_s", "init_s", "run_s"}``: compile of the
-    init and chunk programs (``ShardedRun.compile``), the seeds' init, and the chunk calls."""
+    init and chunk programs (``ShardedRun.compile``), the seeds' init, and the chunk calls. With
+    ``eval_episodes``, also ``"eval": {"updates": [K], "returns": [K, S, E]}`` (greedy
+    evaluation after every chunk, the last after the final update) and ``"eval_s"``."""
     import jax
     import numpy as np
 
@@ -216,6 +288,7 @@ def train_seeds(algo_config, seeds: list[int], chunk_size: int | None = None, pr
     chunk_size = chunk_size or min(num_updates, max(1, -(-num_updates // 20)))
     run = ShardedRun(algo, layout, num_seeds=num_seeds, chunk_size=chunk_size)
     run.compile(jax.random.key(seeds[0]))
+    evaluate = greedy_evaluator(run, seeds, eval_episodes) if eval_episodes else None
     t0 = time.perf_counter()
     if num_seeds > 1:
         keys = jax.random.wrap_key_data(
@@ -226,7 +299,8 @@ def train_seeds(algo_config, seeds: list[int], chunk_size: int | None = None, pr
         state = jax.block_until_ready(run.init(jax.random.key(seeds[0])))
     init_s = time.perf_counter() - t0
     per_update = algo_config.env_steps_per_update
-    chunks, run_s, done = [], 0.0, 0
+    chunks, run_s, eval_s, done = [], 0.0, 0.0, 0
+    eval_updates, eval_returns = [], []
     while done < num_updates:
         count = min(chunk_size, num_updates - done)
         t0 = time.perf_counter()
@@ -237,44 +311,79 @@ def train_seeds(algo_config, seeds: list[int], chunk_size: int | None = None, pr
         metrics = {k: np.asarray(v)[:count].reshape(count, num_seeds) for k, v in metrics.items()}
         chunks.append(metrics)
         ret = metrics["episode_return"][-1]
+        greedy = ""
+        if evaluate is not None:
+            t0 = time.perf_counter()
+            eval_returns.append(evaluate(state, done))
+            eval_s += time.perf_counter() - t0
+            eval_updates.append(done)
+            greedy = f"  greedy {eval_returns[-1].mean():8.2f}"
         progress(
             f"  update {done:>6}/{num_updates}  env steps {done * per_update:>11,}  "
             f"{done * per_update * num_seeds / run_s:>9,.0f} steps/s  return "
-            f"{ret.mean():8.2f} (seeds {' '.join(f'{r:.1f}' for r in ret)})"
+            f"{ret.mean():8.2f} (seeds {' '.join(f'{r:.1f}' for r in ret)}){greedy}"
         )
     metrics = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
-    return {
+    out = {
         "metrics": metrics,
         "compile_s": sum(run.compile_seconds.values()),
         "compile_detail_s": run.compile_seconds,
         "init_s": init_s,
         "run_s": run_s,
     }
+    if evaluate is not None:
+        out["eval"] = {"updates": eval_updates, "returns": np.stack(eval_returns)}
+        out["eval_s"] = eval_s
+    return out
 
 
-def plot_seed_curves(ax, env_steps, returns, window: int, color=None, label=None, seeds=True):
-    """Mean ± sample std over seeds of the smoothed ``returns: [U, S]`` (and thin per-seed lines);
-    returns the mean line."""
+def plot_seed_curves(
+    ax, env_steps, returns, window: int, color=None, label=None, seeds=True, low=None, high=None
+):
+    """Mean over seeds of the smoothed ``returns: [U, S]`` with its 95 % confidence interval
+    (``rljax.run.stats.mean_ci`` over seeds, clipped to ``[low, high]``, the return's range), and
+    thin per-seed lines; returns the mean line."""
     import numpy as np
 
+    from rljax.run.stats import band, mean_ci
+
     curves = smooth(returns, window)
-    mean = curves.mean(1)
-    std = curves.std(1, ddof=1) if curves.shape[1] > 1 else np.zeros_like(mean)
+    mean, half = mean_ci(curves, axis=1)
+    lower, upper = band(mean, half, low, high)
     (line,) = ax.plot(env_steps, mean, color=color, lw=1.8, label=label)
     color = line.get_color()
-    ax.fill_between(env_steps, mean - std, mean + std, color=color, alpha=0.18, lw=0)
+    if np.isfinite(half).any():
+        ax.fill_between(env_steps, lower, upper, color=color, alpha=0.18, lw=0)
     if seeds:
         for curve in curves.T:
             ax.plot(env_steps, curve, color=color, lw=0.6, alpha=0.35)
     return line
 
 
+def ci_str(mean: float, half: float, low=None, high=None, digits: int = 1) -> str:
+    """``"494.9 [473.0, 500.0]"``: the mean and its 95 % interval clipped to ``[low, high]``
+    (the return's range); just the mean where there is no interval (one sample)."""
+    import math
+
+    from rljax.run.stats import band
+
+    if not math.isfinite(half):
+        return f"{mean:.{digits}f}"
+    lo, hi = band(mean, half, low, high)
+    return f"{mean:.{digits}f} [{float(lo):.{digits}f}, {float(hi):.{digits}f}]"
+
+
+def steps_str(value) -> str:
+    return "never" if value is None else f"{value / 1e3:,.1f}k"
+
+
 CURVE_COLUMNS = [
     ("study", "study", ""),
     ("seeds", "num_seeds", "d"),
     ("env steps/seed", "env_steps", ",d"),
-    ("final return", "final_return_str", ""),
-    ("AUC return", "auc_return", ".1f"),
+    ("greedy eval return [95 % CI]", "eval_return_str", ""),
+    ("training return [95 % CI]", "final_return_str", ""),
+    ("AUC training return", "auc_return", ".1f"),
     ("steps/s", "steps_per_s", ",.0f"),
     ("compile s", "compile_s", ".1f"),
     ("run s", "run_s", ".1f"),
@@ -298,6 +407,12 @@ def curve_study_args(doc: str, default_timesteps: int, quick_timesteps: int, nam
     p.add_argument("--quick", action="store_true", help="tiny budget smoke run, to a temp dir")
     p.add_argument("--out", type=Path, help="output path stem: writes STEM.md/.json/.png")
     p.add_argument("--chunk", type=int, help="updates per compiled call (default: 1/20 of all)")
+    p.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=EVAL_EPISODES,
+        help=f"greedy evaluation episodes per seed after every chunk (default {EVAL_EPISODES})",
+    )
     p.add_argument("--replot", type=Path, metavar="JSON", help="rewrite .md/.png from a JSON")
     args = p.parse_args(argv)
     if args.total_timesteps is None:
@@ -308,12 +423,14 @@ def curve_study_args(doc: str, default_timesteps: int, quick_timesteps: int, nam
     return args
 
 
+EVAL_EPISODES = 20
+
+
 def curve_study_markdown(report: dict) -> str:
     """The ``.md`` of a learning-curve study (also what the script prints)."""
-    import statistics
-
     row = report["row"]
     threshold = report.get("threshold")
+    ev = report.get("eval")
     lines = [
         f"# {report['title']}",
         "",
@@ -324,32 +441,79 @@ def curve_study_markdown(report: dict) -> str:
         f"{report['wall_s']:.0f} s. "
         f"Written by `{report['script']}`.",
         "",
-        f"Seeds vmapped in one jit on mesh `data=1,model=1`; seed s starts from "
-        f"`jax.random.key(s)`. final return: per seed the mean training episode_return (the mean "
-        f"over environments of each one's last completed episode) over the last "
-        f"{report['final_fraction']:.0%} of updates, then mean ± sample std over seeds. AUC "
-        "return: mean episode_return over all updates (area under the learning curve), mean "
-        "over seeds. steps/s: env steps of all seeds / seconds of the compiled chunk calls "
-        "(compile excluded; the 2 cores are shared with other work). compile s: init and chunk "
+        "Seeds vmapped in one jit on mesh `data=1,model=1`; seed s starts from "
+        "`jax.random.key(s)`. Intervals `mean [low, high]` are 95 % confidence intervals of the "
+        "mean (Student t), not spreads, clipped to the return's range.",
+        "",
+    ]
+    if ev:
+        lines += [
+            f"- **greedy eval return** (the headline): the greedy policy (PPO: argmax of the "
+            f"logits; DQN: argmax Q, no exploration) after the last update, {ev['episodes']} fresh "
+            f"episodes per seed, each to its end; mean and 95 % CI over all "
+            f"{row['num_seeds']} seeds x {ev['episodes']} episodes (this treats a seed's "
+            "episodes as independent samples, so it understates seed-to-seed variation: the "
+            "per-seed table shows that; the interval over the seeds' means is "
+            f"{row['eval_return_over_seeds_str']}). Lowest final episode: "
+            f"{row['eval_min']:.1f}"
+            + (
+                f"; {row['eval_at_max']} of {row['num_seeds'] * ev['episodes']} episodes at the "
+                f"maximum return {report['return_range'][1]:g}."
+                if row.get("eval_at_max") is not None
+                else "."
+            ),
+        ]
+    else:
+        lines += [
+            "- **no greedy evaluation**: this result was recorded before the study evaluated the "
+            "greedy policy and is replotted from its JSON; re-running the script adds it.",
+        ]
+    lines += [
+        f"- **training return**: the policy that is training (PPO: sampled actions; DQN: "
+        f"epsilon-greedy), per seed the mean training episode_return (the mean over environments "
+        f"of each one's last completed episode) over the last {report['final_fraction']:.0%} of "
+        "updates; mean and 95 % CI over seeds. AUC: mean training episode_return over all "
+        "updates, mean over seeds.",
+        "- steps/s: env steps of all seeds / seconds of the compiled chunk calls (compile and "
+        "evaluation excluded; the 2 cores are shared with other work). compile s: init and chunk "
         "programs.",
         "",
         markdown_table([row], CURVE_COLUMNS),
         "",
     ]
-    columns = [("seed", "seed", "d"), ("final return", "final_return", ".1f")]
-    columns += [("AUC return", "auc_return", ".1f"), ("max return", "max_return", ".1f")]
-    if threshold is not None:
-        columns.append((f"env steps to >= {threshold:g}", "steps_to_threshold", ",d"))
-        reached = [
-            s["steps_to_threshold"]
-            for s in report["per_seed"]
-            if s["steps_to_threshold"] is not None
-        ]
-        median = f" (median first env step {statistics.median(reached):,.0f})" if reached else ""
+    th = report.get("threshold_steps")
+    if threshold is not None and th:
+        n = len(report["per_seed"])
+        reached = sum(v is not None for v in th["reach"])
+        held = sum(v is not None for v in th["held"])
         lines += [
-            f"{len(reached)}/{len(report['per_seed'])} seeds reached an update with return >= "
-            f"{threshold:g}{median}.",
+            f"Steps to {threshold:g}, on the training return smoothed over {th['window']} updates "
+            f"({th['window'] * report['env_steps_per_update']:,} env steps; "
+            "`rljax.run.stats.steps_to_threshold` / `held_from`): the smoothed curve of "
+            f"{reached}/{n} seeds reaches {threshold:g} (median over seeds: "
+            f"{steps_str(th['reach_median'])} env steps) and that of {held}/{n} stays at or above "
+            f"it to the end (median: from {steps_str(th['held_median'])}). The seed-mean curve, "
+            f"smoothed the same way, reaches {threshold:g} at "
+            f"{steps_str(th['mean_curve_reach'])} and stays there from "
+            f"{steps_str(th['mean_curve_held'])}. A seed that never gets there counts as later "
+            "than all others in a median."
+            + (
+                f" The greedy evaluation (mean over seeds x episodes, after every chunk, no "
+                f"smoothing) first reaches {threshold:g} at {steps_str(th['eval_reach'])} and "
+                f"stays there from {steps_str(th['eval_held'])}."
+                if "eval_reach" in th
+                else ""
+            ),
             "",
+        ]
+    columns = [("seed", "seed", "d")]
+    if ev:
+        columns.append(("greedy eval return [95 % CI over episodes]", "eval_return_str", ""))
+    columns += [("training return", "final_return", ".1f"), ("AUC", "auc_return", ".1f")]
+    if threshold is not None and th:
+        columns += [
+            (f"reaches {threshold:g} (smoothed)", "reach_str", ""),
+            (f"stays >= {threshold:g} from (smoothed)", "held_str", ""),
         ]
     lines += ["Per seed:", "", markdown_table(report["per_seed"], columns)]
     return "\n".join(lines) + "\n"
@@ -359,13 +523,44 @@ def curve_study_plot(report: dict, path: Path) -> None:
     import numpy as np
     from matplotlib.figure import Figure
 
+    from rljax.run.stats import band, mean_ci
+
     returns = np.array([s["episode_return"] for s in report["per_seed"]]).T  # [U, S]
     per_update = report["env_steps_per_update"]
     env_steps = (np.arange(len(returns)) + 1) * per_update
-    window = max(1, len(returns) // 50)
+    window = curve_window(len(returns))
+    low, high = report.get("return_range") or (None, None)
     fig = Figure(figsize=(8, 5))
     ax = fig.subplots()
-    plot_seed_curves(ax, env_steps, returns, window, color="tab:blue", label="mean over seeds")
+    n = len(report["seeds"])
+    exploring = "epsilon_start" in report.get("config", {})
+    behaviour = "epsilon-greedy policy" if exploring else "sampled actions"
+    plot_seed_curves(
+        ax,
+        env_steps,
+        returns,
+        window,
+        color="tab:blue",
+        label=f"training return ({behaviour}), mean of {n} seeds, 95 % CI",
+        low=low,
+        high=high,
+    )
+    ev = report.get("eval")
+    if ev:
+        samples = np.array(ev["returns"]).reshape(len(ev["updates"]), -1)  # [K, S*E]
+        mean, half = mean_ci(samples, axis=1)
+        lower, upper = band(mean, half, low, high)
+        x = np.array(ev["updates"]) * per_update
+        ax.plot(
+            x,
+            mean,
+            "o-",
+            color="tab:orange",
+            ms=3,
+            lw=1.2,
+            label=f"greedy eval return, {n} seeds x {ev['episodes']} episodes, 95 % CI",
+        )
+        ax.fill_between(x, lower, upper, color="tab:orange", alpha=0.2, lw=0)
     if report.get("threshold") is not None:
         ax.axhline(
             report["threshold"], color="gray", ls="--", lw=1, label=f"{report['threshold']:g}"
@@ -374,15 +569,16 @@ def curve_study_plot(report: dict, path: Path) -> None:
     ax.xaxis.set_major_formatter(
         lambda x, _: f"{x / 1e6:g}M" if env_steps[-1] >= 2e6 else f"{x / 1e3:g}k"
     )
-    smoothing = f"moving mean over {window} updates" if window > 1 else "per update"
-    ax.set_ylabel(f"training episode return ({smoothing})")
+    smoothing = f"training: moving mean over {window} updates" if window > 1 else "per update"
+    ax.set_ylabel(f"episode return ({smoothing})")
+    head = f"greedy eval {report['row']['eval_return_str']}; " if ev else ""
     ax.set_title(
-        f"{report['title']}\nmean ± std over {len(report['seeds'])} seeds (thin: each seed); "
-        f"final return {report['row']['final_return_str']}",
+        f"{report['title']}: {head}training {report['row']['final_return_str']}\n"
+        f"bands: 95 % CI of the mean (clipped to the return's range); thin: each seed",
         fontsize=10,
     )
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     log(f"wrote {path}")
@@ -397,6 +593,53 @@ def curve_study_outputs(report: dict, stem: Path) -> str:
     return text
 
 
+def summarise_curves(report: dict) -> None:
+    """The derived figures of a study, from its stored curves (so that ``--replot`` recomputes
+    them): headline row strings, per-seed threshold steps and greedy evaluation."""
+    import numpy as np
+
+    from rljax.run.stats import mean_ci
+
+    per_seed, row = report["per_seed"], report["row"]
+    low, high = report.get("return_range") or (None, None)
+    returns = np.array([s["episode_return"] for s in per_seed], np.float64).T  # [U, S]
+    finals = final_returns(returns, report["final_fraction"])
+    mean, half = mean_ci(finals)
+    row["final_return_mean"], row["final_return_ci95"] = float(mean), float(half)
+    row["final_return_str"] = ci_str(mean, half, low, high)
+    for i, s in enumerate(per_seed):
+        s["final_return"] = float(finals[i])
+    threshold = report.get("threshold")
+    if threshold is not None:
+        env_steps = (np.arange(len(returns)) + 1) * report["env_steps_per_update"]
+        th = threshold_steps(returns, env_steps, threshold, curve_window(len(returns)))
+        report["threshold_steps"] = th
+        for i, s in enumerate(per_seed):
+            s["steps_to_threshold"], s["held_from"] = th["reach"][i], th["held"][i]
+            s["reach_str"], s["held_str"] = steps_str(th["reach"][i]), steps_str(th["held"][i])
+    ev = report.get("eval")
+    if ev and threshold is not None:
+        from rljax.run.stats import held_from, steps_to_threshold
+
+        x = np.array(ev["updates"]) * report["env_steps_per_update"]
+        curve = np.array(ev["returns"], np.float64).mean(axis=(1, 2))  # [K]
+        th["eval_reach"] = steps_to_threshold(x, curve, threshold, window=1)
+        th["eval_held"] = held_from(x, curve, threshold, window=1)
+    if ev:
+        final = np.array(ev["returns"][-1], np.float64)  # [S, E]
+        row["eval_min"] = float(final.min())
+        row["eval_at_max"] = int((final >= high).sum()) if high is not None else None
+        mean, half = mean_ci(final.reshape(-1))
+        row["eval_return_mean"], row["eval_return_ci95"] = float(mean), float(half)
+        row["eval_return_str"] = ci_str(mean, half, low, high)
+        seed_mean, seed_half = mean_ci(final, axis=1)
+        mean, half = mean_ci(seed_mean)
+        row["eval_return_over_seeds_str"] = ci_str(mean, half, low, high)
+        for i, s in enumerate(per_seed):
+            s["eval_return"] = float(seed_mean[i])
+            s["eval_return_str"] = ci_str(seed_mean[i], seed_half[i], low, high)
+
+
 def curve_study_main(
     *,
     name: str,
@@ -407,13 +650,16 @@ def curve_study_main(
     default_timesteps: int,
     quick_timesteps: int,
     threshold: float | None = None,
+    return_range: tuple[float | None, float | None] = (None, None),
     budget_note=None,
     argv=None,
 ) -> dict:
-    """A learning-curve study end to end: parse the shared command line, train the seeds, write
-    ``<out>.md/.json/.png`` and print the table. ``make_config(total_timesteps)`` -> algorithm
-    config; ``config_summary(config)`` -> one line; ``budget_note(total_timesteps)`` -> text
-    appended to the budget (e.g. why it is below the reference)."""
+    """A learning-curve study end to end: parse the shared command line, train the seeds with
+    greedy evaluation after every chunk, write ``<out>.md/.json/.png`` and print the table.
+    ``make_config(total_timesteps)`` -> algorithm config; ``config_summary(config)`` -> one
+    line; ``return_range`` -> the bounds of an episode's return (bands are clipped to it);
+    ``budget_note(total_timesteps)`` -> text appended to the budget (e.g. why it is below the
+    reference)."""
     import dataclasses
 
     import numpy as np
@@ -421,26 +667,24 @@ def curve_study_main(
     args = curve_study_args(doc, default_timesteps, quick_timesteps, name, argv)
     if args.replot:
         report = json.loads(args.replot.read_text())
+        report.setdefault("return_range", list(return_range))
+        summarise_curves(report)
+        write_json_compact(args.replot, name, report)  # derived figures only; its metadata kept
         print(curve_study_outputs(report, args.replot.with_suffix("")))
         return report
     config = make_config(args.total_timesteps)
     t_start = time.perf_counter()
     log(f"{title}: {len(args.seeds)} seeds x {config.num_updates} updates")
-    result = train_seeds(config, args.seeds, args.chunk)
+    result = train_seeds(config, args.seeds, args.chunk, eval_episodes=args.eval_episodes)
     wall_s = time.perf_counter() - t_start
     returns = result["metrics"]["episode_return"].astype(np.float64)  # [U, S]
     per_update = config.env_steps_per_update
     env_steps = config.num_updates * per_update
-    finals = final_returns(returns)
-    mean, std = mean_std(finals)
-    reach = first_step_at(returns, per_update, threshold) if threshold is not None else None
     per_seed = [
         {
             "seed": seed,
-            "final_return": float(finals[i]),
             "auc_return": float(returns[:, i].mean()),
             "max_return": float(returns[:, i].max()),
-            "steps_to_threshold": None if reach is None else reach[i],
             "episode_return": np.round(returns[:, i], 2).tolist(),
         }
         for i, seed in enumerate(args.seeds)
@@ -449,20 +693,20 @@ def curve_study_main(
         "study": title,
         "num_seeds": len(args.seeds),
         "env_steps": env_steps,
-        "final_return_mean": mean,
-        "final_return_std": std,
-        "final_return_str": f"{mean:.1f} ± {std:.1f}",
+        "eval_return_str": "-",
         "auc_return": float(returns.mean()),
         "steps_per_s": env_steps * len(args.seeds) / result["run_s"],
         "compile_s": result["compile_s"],
         "init_s": result["init_s"],
         "run_s": result["run_s"],
+        "eval_s": result.get("eval_s"),
     }
     seed_mean = {
         k: np.round(v.astype(np.float64).mean(1), 5).tolist()
         for k, v in result["metrics"].items()
         if k in ("episode_length", "entropy", "approx_kl", "value_loss", "loss", "q_mean")
     }
+    ev = result.get("eval")
     report = {
         "title": title,
         "script": f"experiments/{name}.py",
@@ -477,18 +721,32 @@ def curve_study_main(
         "env_steps_per_update": per_update,
         "final_fraction": FINAL_FRACTION,
         "final_return_definition": (
-            f"per seed the mean episode_return over the last {FINAL_FRACTION:.0%} of updates; "
-            "mean and sample std (ddof=1) over seeds"
+            f"training return: per seed the mean episode_return over the last "
+            f"{FINAL_FRACTION:.0%} of updates; mean and 95 % t-interval of the mean over seeds"
+        ),
+        "eval_definition": (
+            "greedy policy, one fresh environment per episode run to its end, after every chunk "
+            "and after the last update; returns [evaluations][seeds][episodes]; headline: the "
+            "last evaluation, mean and 95 % t-interval over seeds x episodes"
         ),
         "threshold": threshold,
+        "return_range": list(return_range),
         "machine": machine_line(),
         "code_version": code_version(),
         "wall_s": wall_s,
         "compile_detail_s": result["compile_detail_s"],
         "row": row,
+        "eval": None
+        if ev is None
+        else {
+            "episodes": args.eval_episodes,
+            "updates": ev["updates"],
+            "returns": np.round(ev["returns"], 2).tolist(),
+        },
         "per_seed": per_seed,
         "seed_mean_metrics": seed_mean,
     }
+    summarise_curves(report)
     json_path = args.out.with_suffix(".json")
     write_json_compact(json_path, name, report)
     log(f"wrote {json_path}")

@@ -20,7 +20,8 @@ Columns
                    the repeats of one seed count alternating between implementations so that
                    load drift on the machine hits all of them alike)
   vs purejaxrl     steps/s relative to the PureJaxRL row with the same number of seeds (1 device)
-  final return     at the end of training, the return of each env's last completed episode,
+  final return     a training return (sampled actions, no greedy evaluation; a speed benchmark)
+                   at the last update only: the return of each env's last completed episode,
                    averaged over envs that completed one, then over seeds (the rljax
                    ``episode_return`` metric; the same quantity is read from PureJaxRL's
                    ``returned_episode_returns`` and the ceiling's env stats)
@@ -305,7 +306,7 @@ def markdown_table(rows: list[dict]) -> str:
     baseline = {r["seeds"]: r["steps_per_s"] for r in rows if r["implementation"] == "purejaxrl"}
     lines = [
         "| implementation | mesh | seeds | compile s | steps/s | vs purejaxrl "
-        "| final return mean |",
+        "| final training return (last update) |",
         "|---|---|--:|--:|--:|--:|--:|",
     ]
     for r in rows:

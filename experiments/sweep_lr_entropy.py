@@ -12,10 +12,13 @@ as traced hyperparameters, everything else ``PPOConfig()`` (4 envs x 128 steps, 
 minibatches, lr annealed linearly to 0, 2x64 tanh). Grid: lr 2.5e-5 / 2.5e-4 (the default) /
 2.5e-3, a decade either side; ent_coef 0 / 0.01 (the default) / 0.1.
 
-Writes ``experiments/results/sweep_lr_entropy.{md,json,png}``: the sweep's summary table (its
-final return: per seed the mean episode_return over the last 5% of updates, then mean and
-sample std over the seeds), the mean return over all updates (AUC) per setting, and a plot
-(heatmaps of final and AUC return, seed-mean learning curves). The sweep's own run directory
+Writes ``experiments/results/sweep_lr_entropy.{md,json,png}``: per setting the final training
+return (per seed the mean episode_return over the last 5% of updates, then the mean and its 95 %
+confidence interval over seeds, clipped to 0-500), the mean return over all updates (AUC), steps
+to 475 on the smoothed training curve (first reached, and held to the end; median over seeds),
+and a plot (heatmaps of final and AUC return, seed-mean learning curves). All returns are
+training returns of the sampling policy: ``rljax.run.sweep`` returns no final states, so this
+study has no greedy evaluation. The sweep's own run directory
 (per-setting ``metrics.jsonl``, ``summary.md``, ``sweep.png``) goes to ``runs/sweep_lr_entropy``.
 """
 
@@ -34,13 +37,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.bench_harness import (  # noqa: E402
     REPO_ROOT,
+    ci_str,
     code_version,
+    curve_window,
     log,
     machine_line,
     smooth,
+    steps_str,
+    threshold_steps,
     write_json_compact,
 )
 from rljax import PPOConfig, RunConfig  # noqa: E402
+from rljax.run.stats import band, mean_ci  # noqa: E402
 from rljax.run.sweep import sweep  # noqa: E402
 
 NAME = "sweep_lr_entropy"
@@ -82,6 +90,33 @@ def grid_table(report: dict, values: np.ndarray, fmt: str) -> str:
     return "\n".join(lines)
 
 
+THRESHOLD = 475.0
+
+
+def setting_table(report: dict) -> str:
+    """Per setting: final training return [95 % CI], AUC, steps to THRESHOLD (smoothed)."""
+    curves = np.array(report["episode_return"], np.float64)  # [settings, seeds, updates]
+    env_steps = (np.arange(curves.shape[-1]) + 1) * report["env_steps_per_update"]
+    window = curve_window(curves.shape[-1])
+    n = len(report["seeds"])
+    lines = [
+        f"| lr | ent_coef | final training return [95 % CI] | AUC | reaches {THRESHOLD:g} "
+        f"(smoothed) | stays >= {THRESHOLD:g} from (smoothed) |",
+        "|--:|--:|---|--:|---|---|",
+    ]
+    for k, setting in enumerate(report["settings"]):
+        mean, half = mean_ci(report["final_return"][k])
+        th = threshold_steps(curves[k].T, env_steps, THRESHOLD, window)
+        reached = sum(v is not None for v in th["reach"])
+        held = sum(v is not None for v in th["held"])
+        lines.append(
+            f"| {setting['lr']:g} | {setting['ent_coef']:g} | {ci_str(mean, half, 0.0, 500.0)} | "
+            f"{curves[k].mean():.1f} | {steps_str(th['reach_median'])} ({reached}/{n}) | "
+            f"{steps_str(th['held_median'])} ({held}/{n}) |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(report: dict) -> str:
     n_lr, n_ent = len(report["lr"]), len(report["ent_coef"])
     auc = np.array(report["auc_return"]).mean(1).reshape(n_lr, n_ent)
@@ -101,17 +136,23 @@ def markdown(report: dict) -> str:
         f"{report['steps_per_s']:,.0f} env steps/s over all members (the sweep's figure: chunk "
         f"calls including the chunk program's compile). Written by `experiments/{NAME}.py`.",
         "",
-        "The sweep's summary table. final return: per seed the mean training episode_return over "
-        "the last 5% of updates (`rljax.run.sweep`'s definition), then mean and sample std "
-        "(ddof=0) over seeds:",
+        "All returns are **training returns** of the sampling policy (`rljax.run.sweep` returns "
+        "no final states, so there is no greedy evaluation here). final return: per seed the "
+        "mean training episode_return over the last 5% of updates (`rljax.run.sweep`'s "
+        "definition), then the mean [95 % confidence interval of the mean over seeds, Student "
+        f"t, clipped to CartPole's return range 0-500]. Steps to {THRESHOLD:g}: on each seed's "
+        f"training return smoothed over {curve_window(report['num_updates'])} updates "
+        "(`rljax.run.stats.steps_to_threshold` / `held_from`), the median over seeds (a seed "
+        "that never gets there counts as later than the others; 'never' when most never do), "
+        "with how many seeds got there.",
         "",
-        report["table"],
+        setting_table(report),
         "",
-        "Final return, mean over seeds (lr rows x ent_coef columns):",
+        "Final training return, mean over seeds (lr rows x ent_coef columns):",
         "",
         grid_table(report, final.mean(1).reshape(n_lr, n_ent), ".1f"),
         "",
-        "AUC return: mean episode_return over all updates (area under the learning curve; "
+        "AUC return: mean training episode_return over all updates (area under the learning curve; "
         "separates settings that all end at the cap of 500), mean over seeds:",
         "",
         grid_table(report, auc, ".1f"),
@@ -129,12 +170,13 @@ def plot(report: dict, path: Path) -> None:
     fig = Figure(figsize=(17, 5.2))
     axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 1.5]})
     panels = (
-        (axes[0], final, "final return (last 5% of updates)"),
-        (axes[1], auc, "AUC return (mean over all updates)"),
+        (axes[0], final, "final training return (last 5% of updates)"),
+        (axes[1], auc, "AUC training return (mean over all updates)"),
     )
     for ax, values, title in panels:
-        mean = values.mean(1).reshape(n_lr, n_ent)
-        std = values.std(1, ddof=1).reshape(n_lr, n_ent)
+        mean, half = mean_ci(values, axis=1)
+        lower, upper = band(mean, half, 0.0, 500.0)
+        mean, lower, upper = (v.reshape(n_lr, n_ent) for v in (mean, lower, upper))
         image = ax.imshow(mean, cmap="viridis", vmin=0, vmax=500, origin="lower", aspect="auto")
         for i in range(n_lr):
             for j in range(n_ent):
@@ -142,7 +184,7 @@ def plot(report: dict, path: Path) -> None:
                 ax.text(
                     j,
                     i,
-                    f"{mean[i, j]:.0f}\n± {std[i, j]:.0f}",
+                    f"{mean[i, j]:.0f}\n[{lower[i, j]:.0f}, {upper[i, j]:.0f}]",
                     ha="center",
                     va="center",
                     fontsize=11,
@@ -152,11 +194,12 @@ def plot(report: dict, path: Path) -> None:
         ax.set_yticks(range(n_lr), [f"{lr:g}" for lr in lrs])
         ax.set_xlabel("ent_coef")
         ax.set_ylabel("lr (annealed to 0)")
-        ax.set_title(f"{title}\nmean ± std over {len(report['seeds'])} seeds", fontsize=10)
+        n = len(report["seeds"])
+        ax.set_title(f"{title}\nmean [95 % CI, clipped to 0-500] over {n} seeds", fontsize=10)
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     ax = axes[2]
     curves = np.array(report["episode_return"])  # [settings, seeds, updates]
-    window = max(1, curves.shape[-1] // 50)
+    window = curve_window(curves.shape[-1])
     steps = (np.arange(curves.shape[-1]) + 1) * report["env_steps_per_update"]
     colors = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
     styles = [":", "--", "-", "-."]
@@ -174,7 +217,7 @@ def plot(report: dict, path: Path) -> None:
     ax.set_xlabel("env steps per member")
     ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e3:g}k")
     smoothing = f"moving mean over {window} updates" if window > 1 else "per update"
-    ax.set_ylabel(f"episode return, seed mean ({smoothing})")
+    ax.set_ylabel(f"training episode return, seed mean ({smoothing})")
     ax.set_ylim(0, 520)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=1, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
@@ -228,8 +271,8 @@ def main(argv=None) -> dict:
         "steps_per_s": result.steps_per_second,
         "run_dir": str(result.run_dir),
         "table": result.table,
-        "final_return_definition": "rljax.run.sweep: per seed the mean episode_return over the "
-        "last 5% of updates; table std over seeds is the sample std (ddof=1)",
+        "final_return_definition": "rljax.run.sweep: per seed the mean training episode_return "
+        "over the last 5% of updates; intervals: 95 % t-interval of the mean over seeds",
         "final_return": result.final_return.tolist(),  # [settings, seeds]
         "auc_return": returns.mean(0).tolist(),  # [settings, seeds]
         # [settings][seeds][updates]

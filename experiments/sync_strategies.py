@@ -22,8 +22,10 @@ before max_period: 3.1 syncs per 100 steps, the max_period floor); compressed in
 and top-k 1% / 10%, with error feedback; stale tau=1, 4.
 
 Columns
-  final return   per seed the mean ``episode_return`` of the last 5% of updates, then the mean and
-                 the sample std (ddof=1) over seeds
+  final return   training return (the sampling / epsilon-greedy policy; this study runs no greedy
+                 evaluation): per seed the mean ``episode_return`` of the last 5% of updates,
+                 then the mean [95 % confidence interval over seeds (Student t), clipped to
+                 CartPole's return range 0-500]
   AUC return     mean episode_return over all updates (area under the learning curve), mean over
                  seeds: separates settings that all end at CartPole's cap of 500
   steps/s        env steps (all seeds) / seconds of the timed chunk calls; compile excluded
@@ -63,12 +65,13 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.bench_harness import REPO_ROOT, log, markdown_table  # noqa: E402
+from experiments.bench_harness import REPO_ROOT, ci_str, log, markdown_table  # noqa: E402
 from rljax import DQN, PPO, DQNConfig, PPOConfig  # noqa: E402
 from rljax.diagnostics import comm_bytes_per_update, communication  # noqa: E402
 from rljax.parallel import make_mesh  # noqa: E402
 from rljax.parallel.sync import SyncConfig  # noqa: E402
 from rljax.run.sharded import ShardedRun  # noqa: E402
+from rljax.run.stats import band, mean_ci, smooth  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "experiments" / "results" / "sync_strategies"
 MESH = "data=4,model=1"
@@ -108,7 +111,7 @@ STYLES = {
 
 COLUMNS = [
     ("setting", "setting", ""),
-    ("final return", "final_return_str", ""),
+    ("final training return [95 % CI]", "final_return_str", ""),
     ("AUC return", "mean_return", ".1f"),
     ("steps/s", "steps_per_s", ",.0f"),
     ("best seed steps/s", "steps_per_s_best", ",.0f"),
@@ -259,7 +262,9 @@ def add_derived(rows: list[dict]) -> None:
         r["mean_return"] = float(np.mean([np.mean(s["episode_return"]) for s in r["seeds"]]))
         base = next((b for b in rows if b["algo"] == r["algo"] and b["setting"] == "allreduce"), 0)
         r["bytes_vs_allreduce"] = r["bytes_per_update"] / base["bytes_per_update"] if base else None
-        r["final_return_str"] = f"{r['final_return_mean']:.1f} ± {r['final_return_std']:.1f}"
+        mean, half = mean_ci([s["final_return"] for s in r["seeds"]])
+        r["final_return_ci95"] = float(half)
+        r["final_return_str"] = ci_str(mean, half, 0.0, 500.0)  # CartPole-v1's return range
 
 
 def describe_config(report: dict) -> dict[str, str]:
@@ -290,11 +295,13 @@ def write_markdown(report: dict, path: Path) -> None:
         f"compiled program per setting; total wall time {report['wall_s'] / 60:.1f} min "
         f"({report['finished']}). Written by `experiments/sync_strategies.py`.",
         "",
-        f"final return: per seed the mean episode return of the last {FINAL_FRACTION:.0%} of "
-        "updates, then mean ± sample std over seeds. AUC return: the mean over every update "
-        "(area under the learning curve), mean over seeds. steps/s: env steps / seconds of the "
-        "compiled chunk calls (compile excluded; 4 emulated devices on shared cores, so "
-        f"relative rather than absolute: per-seed speeds of one setting differed by up to "
+        "final return: the training return (sampling / epsilon-greedy policy; no greedy "
+        f"evaluation in this study), per seed the mean episode return of the last "
+        f"{FINAL_FRACTION:.0%} of updates, then the mean [95 % confidence interval over seeds "
+        "(Student t), clipped to the return's range 0-500]. AUC return: the mean over every "
+        "update (area under the learning curve), mean over seeds. steps/s: env steps / seconds "
+        "of the compiled chunk calls (compile excluded; 4 emulated devices on shared cores, so "
+        "relative rather than absolute: per-seed speeds of one setting differed by up to "
         f"{spread:.1f}x here, hence the fastest seed too). bytes/update: bytes sent per device "
         "over `data` per update (ring convention of `rljax.diagnostics.hlo`, measured on the "
         "compiled optimizer step x the measured optimizer steps and syncs; DQN: updates after "
@@ -345,14 +352,6 @@ def sync_rate_by_quarter(row: dict) -> list[float]:
     return [float(syncs[p].sum()) / max(int(steps[p].sum()), 1) for p in parts]
 
 
-def smooth(x: np.ndarray, window: int) -> np.ndarray:
-    """Trailing moving mean over ``window`` updates (shorter at the start)."""
-    c = np.cumsum(np.insert(x, 0, 0.0))
-    idx = np.arange(1, len(x) + 1)
-    lo = np.maximum(idx - window, 0)
-    return (c[idx] - c[lo]) / (idx - lo)
-
-
 def plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -368,17 +367,17 @@ def plot(report: dict, path: Path) -> None:
         for r in rows:
             curves = np.array([smooth(np.array(s["episode_return"]), window) for s in r["seeds"]])
             steps = (np.arange(curves.shape[1]) + 1) * r["env_steps_per_update"]
-            mean = curves.mean(0)
-            std = curves.std(0, ddof=1) if len(curves) > 1 else np.zeros_like(mean)
+            mean, half = mean_ci(curves, axis=0)
+            lower, upper = band(mean, half, 0.0, 500.0)  # CartPole-v1's return range
             color, style = STYLES.get(r["setting"], (None, "-"))
             (line,) = ax.plot(steps, mean, color=color, linestyle=style, lw=1.4)
-            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.08, lw=0)
+            ax.fill_between(steps, lower, upper, color=line.get_color(), alpha=0.08, lw=0)
             handles[r["setting"]] = line
         budget = report["total_timesteps"][algo]
         ax.set_title(f"{algo.upper()} CartPole-v1, {budget:,} steps, {len(report['seeds'])} seeds")
         ax.set_xlabel("env steps per seed")
         ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:g}k")
-        ax.set_ylabel(f"episode return (moving mean over {window} updates)")
+        ax.set_ylabel(f"training episode return (moving mean over {window} updates)")
         ax.set_ylim(0, 520)
         ax.grid(alpha=0.3)
     order = [s for s in SETTINGS if s in handles]
@@ -390,7 +389,10 @@ def plot(report: dict, path: Path) -> None:
         frameon=False,
         fontsize=10,
     )
-    fig.suptitle(f"Gradient sync strategies, mesh {MESH}: mean ± std over seeds")
+    fig.suptitle(
+        f"Gradient sync strategies, mesh {MESH}: training return (sampling / epsilon-greedy "
+        "policy), mean over seeds, bands: 95 % CI of the mean clipped to [0, 500]"
+    )
     fig.tight_layout(rect=(0, 0.1 if len(order) > 5 else 0.06, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -23,7 +23,6 @@ from nbclient.exceptions import CellExecutionError
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NAMES = ["quickstart.ipynb", "sharding_tour.ipynb"]
-INSTALL_URL = "rljax @ git+https://github.com/rljax/rljax"
 KERNEL = "rljax-test-python"
 RESULT = "NOTEBOOK-RESULT "
 CELL_TIMEOUT_S = 300
@@ -183,13 +182,56 @@ def test_committed_without_outputs(name):
     assert nb.metadata["kernelspec"]["name"] == "python3"
 
 
+def install_cell(nb):
+    cell = [c for c in nb.cells if c.cell_type == "code"][0]
+    assert "RLJAX_SOURCE" in cell.source
+    return cell
+
+
+def run_install_cell(source: str, monkeypatch, importable: bool, rljax_source=None) -> list:
+    """Execute an install cell in this process with pip recorded, not run; returns the pip
+    argument lists."""
+    import importlib.util
+    import subprocess
+
+    calls = []
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: find_spec(name, *a) if importable or name != "rljax" else None,
+    )
+    monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd[5:]))
+    if rljax_source is not None:
+        source = re.sub(
+            r"^RLJAX_SOURCE = .*$", f"RLJAX_SOURCE = {rljax_source!r}", source, count=1, flags=re.M
+        )
+    exec(compile(source, "install-cell", "exec"), {})
+    return calls
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_first_cell_installs_rljax_only_when_missing(name):
+def test_install_cell_is_a_no_op_where_rljax_is_importable(name, monkeypatch):
     nb = read(name)
-    first = [c for c in nb.cells if c.cell_type == "code"][0]
-    assert f'"{INSTALL_URL}"' in first.source
-    assert "import rljax" in first.source and "except ImportError:" in first.source
+    source = install_cell(nb).source
+    assert source.count("RLJAX_SOURCE = ") == 1  # the one place the user edits
+    assert run_install_cell(source, monkeypatch, importable=True) == []
     assert parameters_cell(nb).id == "parameters"  # exactly one, replaceable by the tests
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_install_cell_never_replaces_the_runtimes_jax(name, monkeypatch, tmp_path):
+    from importlib.metadata import version
+
+    source = install_cell(read(name)).source
+    with pytest.raises(RuntimeError, match="set RLJAX_SOURCE"):  # the placeholder is not a URL
+        run_install_cell(source, monkeypatch, importable=False)
+    wheel = str(tmp_path / "rljax-0.1.0-py3-none-any.whl")
+    first, second = run_install_cell(source, monkeypatch, importable=False, rljax_source=wheel)
+    assert first == ["--no-deps", wheel]  # rljax alone
+    assert second[0] == "-c" and "flax>=0.12" in second and "jax>=0.10.2" in second
+    pins = Path(second[1]).read_text().split()
+    assert pins == [f"jax=={version('jax')}", f"jaxlib=={version('jaxlib')}"]
 
 
 def test_a_failing_cell_fails_and_the_kernel_is_this_interpreter(kernel_dir, tmp_path):
