@@ -14,7 +14,13 @@ Each child's output lines are forwarded with a ``[p<i>] `` prefix (stdout to std
 stderr). When a child fails (non-zero exit or a signal) the launcher says which, gives the
 others ``--grace`` seconds to exit on their own, then sends SIGTERM and, ``--grace`` seconds
 later, SIGKILL. It returns 0 only if every child exits 0; otherwise the first failure's code
-(128 + signal number for a signal, 124 for ``--timeout``). Ctrl-C / SIGTERM are forwarded.
+(128 + signal number for a signal, 124 for ``--timeout`` or a hung process). Ctrl-C / SIGTERM
+are forwarded.
+
+A process that hangs (stops sending heartbeats, e.g. stopped or stuck in native code) is not the
+first to exit: JAX's coordination service (in process 0) notices it after the heartbeat timeout
+and aborts process 0. The launcher reads the service's report in the children's stderr and
+names the hung process, not the one that aborted.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -110,9 +117,44 @@ class _Child:
             pass
 
 
-def _forward(stream, prefix: str, out: TextIO, lock: threading.Lock) -> None:
+# JAX's coordination service, on a process that stopped sending heartbeats (jax 0.10):
+#   "... UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):" then
+#   one line of task ids ("1" or "1, 3"; other versions: "/job:jax_worker/replica:0/task:1").
+_UNHEALTHY = "stopped sending heartbeats"
+_TASK_IDS = re.compile(r"^[\d,\s]+$")
+_TASK_PATH = re.compile(r"task:(\d+)")
+
+
+class _HeartbeatReport:
+    """Collects the processes the coordination service reported unhealthy, from stderr lines."""
+
+    def __init__(self):
+        self.unhealthy: dict[int, int] = {}  # hung process -> the process that reported it
+
+    def reader(self, reporter: int):
+        expecting = False
+
+        def on_line(line: str) -> None:
+            nonlocal expecting
+            ids = [int(i) for i in _TASK_PATH.findall(line)]
+            if _UNHEALTHY in line:
+                expecting = True
+                ids += [int(i) for i in re.findall(r"\d+", line.split(_UNHEALTHY, 1)[1])]
+            elif expecting and _TASK_IDS.match(line):
+                ids += [int(i) for i in re.findall(r"\d+", line)]
+            elif not ids:
+                expecting = False
+            for task in ids:
+                self.unhealthy.setdefault(task, reporter)
+
+        return on_line
+
+
+def _forward(stream, prefix: str, out: TextIO, lock: threading.Lock, on_line=None) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        if on_line is not None:
+            on_line(line)
         with lock:
             out.write(f"{prefix}{line}\n")
             out.flush()
@@ -183,6 +225,7 @@ def launch(
 
     children: list[_Child] = []
     exits: queue.Queue = queue.Queue()
+    heartbeats = _HeartbeatReport()
     interrupted: list[int] = []  # signals received by the launcher
 
     def on_signal(signum, _frame):
@@ -209,9 +252,14 @@ def launch(
                 start_new_session=True,
             )
             child = _Child(index, popen)
-            for stream, out in ((popen.stdout, stdout), (popen.stderr, stderr)):
+            for stream, out, on_line in (
+                (popen.stdout, stdout, None),
+                (popen.stderr, stderr, heartbeats.reader(index)),
+            ):
                 reader = threading.Thread(
-                    target=_forward, args=(stream, f"[p{index}] ", out, lock), daemon=True
+                    target=_forward,
+                    args=(stream, f"[p{index}] ", out, lock, on_line),
+                    daemon=True,
                 )
                 reader.start()
                 child.readers.append(reader)
@@ -220,7 +268,7 @@ def launch(
             )
             waiter.start()
             children.append(child)
-        return _supervise(children, exits, timeout_s, grace_s, interrupted, say)
+        return _supervise(children, exits, timeout_s, grace_s, interrupted, say, heartbeats)
     finally:
         for child in children:  # only reached with live children if the launcher itself failed
             if child.popen.poll() is None:
@@ -233,7 +281,9 @@ def launch(
             signal.signal(signum, handler)
 
 
-def _supervise(children, exits: queue.Queue, timeout_s, grace_s, interrupted, say) -> int:
+def _supervise(
+    children, exits: queue.Queue, timeout_s, grace_s, interrupted, say, heartbeats=None
+) -> int:
     """Wait for every child; ``exits`` yields ``(index, code)`` in the order they exited."""
     start = time.monotonic()
     first_failure: int | None = None
@@ -251,10 +301,20 @@ def _supervise(children, exits: queue.Queue, timeout_s, grace_s, interrupted, sa
             if child.terminated_by_launcher and code != 0:
                 say(f"process {index} stopped ({describe_exit(code)})")
             elif code != 0:
+                hung = _hung_peers(child, running, heartbeats) if stop_reason is None else []
+                for peer, reporter in hung:  # the real failure: named first
+                    say(
+                        f"process {peer} stopped responding (no heartbeats; reported by the "
+                        f"coordination service in process {reporter})"
+                    )
                 say(f"process {index} exited with {describe_exit(code)}")
                 if first_failure is None and not interrupted:
-                    first_failure = _shell_code(code)
-                    stop_reason = f"process {index} failed"
+                    first_failure = TIMEOUT_EXIT_CODE if hung else _shell_code(code)
+                    stop_reason = (
+                        f"process {', '.join(str(p) for p, _ in hung)} hung"
+                        if hung
+                        else f"process {index} failed"
+                    )
         now = time.monotonic()
         if interrupted and stop_reason is None:
             stop_reason = f"received {_signal_name(interrupted[0])}"
@@ -281,6 +341,16 @@ def _supervise(children, exits: queue.Queue, timeout_s, grace_s, interrupted, sa
             for child in running.values():
                 child.signal(signal.SIGKILL)
     return first_failure or 0
+
+
+def _hung_peers(child, running, heartbeats) -> list[tuple[int, int]]:
+    """``[(hung process, reporter)]``: still-running processes the coordination service reported
+    unhealthy, read from stderr once the exited ``child``'s output is all in."""
+    if heartbeats is None:
+        return []
+    for reader in child.readers:  # the abort message may still be in the pipe
+        reader.join(timeout=2)
+    return sorted((p, r) for p, r in heartbeats.unhealthy.items() if p in running)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -56,6 +56,8 @@ WORKER = textwrap.dedent(
     while True:  # process 1 fails after 1 s; process 0 keeps going (or idles)
         if pid == 1 and time.time() - start > 1.0:
             print("failing now", flush=True)
+            if mode == "hang":  # stopped: alive, but no heartbeats and no progress
+                os.kill(os.getpid(), signal.SIGSTOP)
             if mode == "exit3":
                 exit_process(3)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -131,6 +133,22 @@ def test_survivor_outside_collectives_is_stopped_by_the_heartbeat_timeout(worker
     assert "launch: process 0 exited with code -6 (SIGABRT)" in lines
     assert "heartbeat" in err
     assert code == 128 + 9
+    assert seconds < 40
+
+
+def test_hung_process_is_named_not_the_process_that_aborted(worker):
+    # Before: "process 0 exited with code -6 (SIGABRT)", "process 0 failed" (exit 134): the
+    # coordination service in process 0 aborted it because process 1 hung, and process 0 was
+    # blamed.
+    code, out, err, seconds = run_job(worker, "hang", grace_s=3.0, heartbeat_timeout_s=5)
+    lines = launcher_lines(err)
+    assert lines[0] == (
+        "launch: process 1 stopped responding (no heartbeats; reported by the coordination "
+        "service in process 0)"
+    ), err
+    assert lines[1] == "launch: process 0 exited with code -6 (SIGABRT)"
+    assert lines[2].startswith("launch: process 1 hung; stopping the other 1 process(es)")
+    assert code == 124
     assert seconds < 40
 
 

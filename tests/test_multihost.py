@@ -6,8 +6,11 @@ runs too. (Launcher failure handling, kills and timeouts: tests/test_launch.py.)
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import chex
@@ -123,3 +126,68 @@ def test_dqn_runs_on_two_processes(tmp_path):
     rows = read_metrics(Path(tmp_path) / "dqn" / "metrics.jsonl")
     assert [r["update"] for r in rows] == [1, 2, 3]
     assert rows[-1]["optimizer_steps"] > 0 and np.isfinite(rows[-1]["loss"])
+
+
+def _children_by_process_id(launcher_pid: int) -> dict[int, int]:
+    """{RLJAX_PROCESS_ID: pid} of the launcher's children."""
+    import psutil
+
+    found = {}
+    for child in psutil.Process(launcher_pid).children():
+        process_id = child.environ().get("RLJAX_PROCESS_ID")
+        if process_id is not None:
+            found[int(process_id)] = child.pid
+    return found
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [[(1, signal.SIGTERM)], [(0, signal.SIGINT), (1, signal.SIGTERM)]],
+    ids=["one-process", "both-0.5s-apart"],
+)
+def test_a_signal_to_one_process_stops_all_after_the_same_update(tmp_path, signals):
+    # Before: the signalled process saved while its peer ran the next chunk; their collectives
+    # paired up wrongly and both died with garbage, without a checkpoint.
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    many = ["--total-timesteps", str(8 * 16 * 5000), "--checkpoint-every", "100000"]
+    command = [
+        sys.executable, "-m", "rljax.launch", "-n", "2", "--devices-per-process", "2", "--cpu",
+        "--timeout", "300", "--", "train", *PPO_ARGS, *many,
+        "--runs-dir", str(tmp_path), "--run-name", "stop",
+    ]  # fmt: skip
+    launcher = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        lines = []
+        for line in launcher.stdout:  # wait until training runs (the first chunk is done)
+            lines.append(line)
+            if "[p0]   update" in line:
+                break
+        pids = _children_by_process_id(launcher.pid)
+        for i, (process_id, signum) in enumerate(signals):
+            if i:
+                time.sleep(0.5)
+            os.kill(pids[process_id], signum)
+        out, err = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    out = "".join(lines) + out
+    assert launcher.returncode == 0, out[-3000:] + err[-3000:]
+    first_id, first_signal = signals[0]
+    expected = (
+        first_signal.name if first_id == 0 else f"{first_signal.name} (received by process 1)"
+    )
+    stopped = re.search(rf"\[p0\] {re.escape(expected)}: stopped after update (\d+)/5000", out)
+    assert stopped, out[-3000:]
+    update = int(stopped.group(1))
+    run_dir = tmp_path / "stop"
+    steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == [update]  # one checkpoint, written by both processes together
+    assert read_metrics(run_dir / "metrics.jsonl")[-1]["update"] == update
+    single = ShardedRun(PPO(CONFIG, replicas=2), make_mesh("data=2,model=2"), chunk_size=1)
+    with Checkpointer(run_dir / "checkpoints") as ckpt:
+        step, restored, _ = ckpt.restore_latest(abstract_state(single))
+    assert step == update
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(restored.params))

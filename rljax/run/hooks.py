@@ -146,7 +146,13 @@ class NonFiniteGuard:
 # -- stop signals ---------------------------------------------------------------------------------
 class StopSignals:
     """While entered, SIGINT/SIGTERM are recorded (not raised); as a hook, a received signal
-    requests a stop (the loop finishes the chunk, ``SaveCheckpoint`` saves)."""
+    requests a stop (the loop finishes the chunk, ``SaveCheckpoint`` saves).
+
+    With several processes the stop is agreed at every chunk boundary: each process contributes
+    the signal it received (if any), and all stop after the same update when any of them got
+    one, so their collectives (the next chunk, the checkpoint save) keep pairing up. A signal
+    that reaches one process only, or several at different times, stops the whole job cleanly.
+    """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -161,15 +167,35 @@ class StopSignals:
         return self
 
     def _handle(self, signum, _frame):
-        self.received = signal.Signals(signum).name
+        self.received = self.received or signal.Signals(signum).name
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
     def __call__(self, info: ChunkInfo) -> None:
-        if self.received:
-            info.loop.request_stop(self.received)
+        reason = self.agreed()
+        if reason:
+            info.loop.request_stop(reason)
+
+    def agreed(self) -> str | None:
+        """The stop reason every process sees: this process's signal, else the first other
+        process's (``'SIGTERM (received by process 1)'``); None when no process got one. A
+        collective with several processes (every process must call it at the same point)."""
+        if jax.process_count() == 1:
+            return self.received
+        from jax.experimental import multihost_utils
+
+        # The flag is read once, before the exchange, so that every process combines the same
+        # values even if a signal arrives during it (it then counts at the next boundary).
+        mine = signal.Signals[self.received].value if self.received else 0
+        signums = np.asarray(multihost_utils.process_allgather(np.int32(mine))).ravel()
+        if mine:
+            return self.received
+        for index, signum in enumerate(signums):
+            if signum:
+                return f"{signal.Signals(int(signum)).name} (received by process {index})"
+        return None
 
 
 # -- rows -----------------------------------------------------------------------------------------

@@ -304,9 +304,9 @@ def _train(s: Session, user_hooks) -> TrainResult:
     else:
         done, state = 0, s.sharded.init(key)
     s.started = True  # from here SIGINT/SIGTERM finish the chunk and save (StopSignals)
-    with signals:
+    with signals:  # also over the last save: a late signal must not split the processes
         state = loop.run(state, start=done)
-    s.ckpt.wait()
+        s.ckpt.wait()
     if loop.stop_reason is not None:
         say(
             f"{loop.stop_reason}: stopped after update {loop.update}/{cfg.num_updates}; "
