@@ -374,3 +374,21 @@ def test_cli_resume_after_damage_warns_in_plain_lines_and_repairs_metrics(
     assert "ent_coef" not in saved["algo"]  # the original stays as it was
     (record,) = saved["resumes"]
     assert record["from_update"] == 4 and record["defaults"] == {"algo.ent_coef": 0.01}
+
+
+@pytest.mark.parametrize(
+    "failure", [FileNotFoundError("git"), subprocess.TimeoutExpired("git", 2)], ids=str
+)
+def test_git_commit_is_none_when_git_is_missing_or_hangs(monkeypatch, failure):
+    from rljax.run import metadata
+
+    def run(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(metadata.subprocess, "run", run)
+    metadata.git_commit.cache_clear()
+    try:
+        assert metadata.git_commit() is None
+        assert metadata.provenance()["git_commit"] is None
+    finally:
+        metadata.git_commit.cache_clear()
