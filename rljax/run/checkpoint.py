@@ -15,7 +15,6 @@ every process sees (local or network-mounted).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import sys
@@ -73,27 +72,7 @@ def _warn(message: str) -> None:
     warnings.warn(message, CheckpointWarning, stacklevel=level)
 
 
-class _OrbaxSaveErrorFilter(logging.Filter):
-    """Drops orbax's logged tracebacks of a failed background save (absl's "ERROR: ...
-    raised an exception", asyncio's "exception was never retrieved"): the same error reaches
-    the caller of ``wait``/``save``/``poll`` as one ``CheckpointWriteError``."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR:
-            return True
-        if "orbax" in (record.pathname or "") and record.exc_info:
-            return False
-        tb = record.exc_info[2] if record.exc_info else None
-        while tb is not None:
-            if "orbax" in tb.tb_frame.f_code.co_filename:
-                return False
-            tb = tb.tb_next
-        return True
-
-
-_SAVE_ERROR_FILTER = _OrbaxSaveErrorFilter()
-for _name in ("absl", "asyncio"):
-    logging.getLogger(_name).addFilter(_SAVE_ERROR_FILTER)
+integrity.quiet_orbax_save_errors()
 
 
 def abstract_of(tree, shardings=None):

@@ -160,8 +160,8 @@ class Session:
         if resume:
             record = resume_record(saved, sections, type(self.config), self.resume_step)
             self.log.write_config_data({**saved, "resumes": [*saved.get("resumes", []), record]})
-            for name in record["defaults"]:
-                self.say(f"{name} is not in the saved configuration: it takes its default")
+            for name, value in record["defaults"].items():
+                self.say(f"{name} is not in the saved configuration: default {value!r} taken")
             if record["changed"]:
                 self.say("changed on resume: " + "; ".join(describe_changes(record)))
         else:
@@ -202,10 +202,7 @@ class Session:
         step = self.last_saved or self.resume_step  # resume_step: before the first chunk
         if not step:
             return "no checkpoint had been written yet"
-        return (
-            f"the checkpoint at update {step} is intact; resume with: "
-            f"{self.resume_command()}"
-        )
+        return f"the checkpoint at update {step} is intact; resume with: {self.resume_command()}"
 
     def mesh_info(self) -> dict:
         return {

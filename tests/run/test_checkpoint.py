@@ -452,3 +452,26 @@ def test_failed_save_is_one_write_error_and_the_previous_step_stays_valid(
     with pytest.warns(CheckpointWarning) if where == "background" else contextlib.nullcontext():
         with Checkpointer(tmp_path / "ckpt") as ckpt:
             assert ckpt.latest_valid_step() == 1
+
+
+def test_orbax_logged_tracebacks_of_a_failed_save_are_dropped():
+    """orbax logs a failed background save's traceback (absl, asyncio) before the same error
+    reaches the caller as one ``CheckpointWriteError``: those records are filtered out."""
+    import logging
+    import sys
+
+    from rljax.run.integrity import _SAVE_ERROR_FILTER
+
+    try:
+        raise ValueError("RESOURCE_EXHAUSTED")
+    except ValueError:
+        exc_info = sys.exc_info()
+    orbax_file = "/site-packages/orbax/checkpoint/_src/futures/future.py"
+    record = logging.LogRecord("absl", logging.ERROR, orbax_file, 1, "raised", (), exc_info)
+    assert not _SAVE_ERROR_FILTER.filter(record)
+    for name in ("absl", "asyncio"):
+        assert _SAVE_ERROR_FILTER in logging.getLogger(name).filters
+    other = logging.LogRecord("absl", logging.ERROR, __file__, 1, "other", (), exc_info)
+    assert _SAVE_ERROR_FILTER.filter(other)
+    warning = logging.LogRecord("absl", logging.WARNING, orbax_file, 1, "slow", (), None)
+    assert _SAVE_ERROR_FILTER.filter(warning)
