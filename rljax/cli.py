@@ -227,15 +227,9 @@ def parse_train(argv: list[str], command: str = "train"):
 
 # -- commands -------------------------------------------------------------------------------------
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
-    """rljax's own warnings (stale lock taken over, damaged checkpoint skipped) as one
-    ``warning:`` line; others as Python prints them."""
-    if category.__module__.startswith("rljax."):
-        print(f"warning: {message}", file=sys.stderr)
-    else:
-        _show_warning(message, category, filename, lineno, file, line)
-
-
-_show_warning = warnings.showwarning
+    """Every warning of a CLI run (stale lock taken over, damaged checkpoint skipped, damaged
+    metrics lines dropped, a library's) as one ``warning: <message>`` line, no source lines."""
+    print("warning: " + " ".join(str(message).split()), file=sys.stderr)
 
 
 def _guarded(body) -> int:

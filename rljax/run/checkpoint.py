@@ -19,12 +19,14 @@ import os
 import shutil
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from rljax.errors import RunWriteError, TrainingError, describe_os_error
 from rljax.run import integrity
 from rljax.run.integrity import FORMAT_VERSION, MANIFEST_NAME, agree, is_primary, is_prng_key
 
@@ -33,6 +35,7 @@ __all__ = [
     "MANIFEST_NAME",
     "CheckpointError",
     "CheckpointWarning",
+    "CheckpointWriteError",
     "Checkpointer",
     "NonFiniteStateError",
     "abstract_of",
@@ -42,8 +45,14 @@ _ITEM_STATE, _ITEM_METADATA, _ITEM_LAYOUT = "state", "metadata", "layout"
 _RLJAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written or read; the message says which step and why."""
+class CheckpointError(TrainingError):
+    """A checkpoint cannot be written or read; the message says which step and why (a
+    ``TrainingError``: the CLI prints it as one ``error:`` line)."""
+
+
+class CheckpointWriteError(CheckpointError, RunWriteError):
+    """Writing a step failed (full disk, I/O error): the message names the step, the directory
+    and the cause, and the newest valid step, which the failed save left intact."""
 
 
 class NonFiniteStateError(CheckpointError):
@@ -61,6 +70,9 @@ def _warn(message: str) -> None:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_RLJAX_DIR):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, CheckpointWarning, stacklevel=level)
+
+
+integrity.quiet_orbax_save_errors()
 
 
 def abstract_of(tree, shardings=None):
@@ -152,6 +164,8 @@ class Checkpointer:
         self._pending: int | None = None  # saved, not yet durable + manifested
         self._known_damaged: set[int] = set()  # newer steps left behind by an abandoned run
         self._closed = False
+        # What a CheckpointWriteError adds at its end (e.g. how to resume the run).
+        self.error_hint: Callable[[], str] | None = None
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -186,7 +200,10 @@ class Checkpointer:
                 _ITEM_LAYOUT: ocp.args.JsonSave(integrity.layout_record(state)),
             }
         )
-        self._manager.save(step, args=args, force=True)
+        try:
+            self._manager.save(step, args=args, force=True)
+        except Exception as e:
+            raise self._write_error(step, e) from e
         self._pending = step
         if not self.async_save:
             self._finish_pending()
@@ -210,13 +227,37 @@ class Checkpointer:
         try:
             self._manager.wait_until_finished()
         except Exception as e:
-            raise CheckpointError(f"saving checkpoint step {step} failed: {e}") from e
+            raise self._write_error(step, e) from e
         if step is None:
             return
-        if is_primary():
-            integrity.write_manifest(self._step_dir(step), step)
+        try:
+            if is_primary():
+                integrity.write_manifest(self._step_dir(step), step)
+        except OSError as e:
+            raise self._write_error(step, e) from e
         integrity.barrier(f"rljax_checkpoint_manifest_{step}")
         self._prune(step)
+
+    def _write_error(self, step: int | None, error: BaseException) -> CheckpointWriteError:
+        """One line: the step, the directory, the cause, the newest valid step (untouched: a
+        step without its manifest is never chosen) and ``error_hint``."""
+        try:
+            intact, _ = integrity.newest_valid_step(
+                self.directory, [s for s in self._manager.all_steps() if s != step]
+            )
+        except Exception:  # the message must not fail in its turn
+            intact = None
+        kept = (
+            f"the checkpoint at step {intact} is intact"
+            if intact is not None
+            else "no earlier checkpoint exists"
+        )
+        hint = self.error_hint() if self.error_hint is not None and intact is not None else ""
+        which = f"checkpoint step {step}" if step is not None else "a checkpoint"
+        return CheckpointWriteError(
+            f"could not write {which} to {self.directory}: {describe_os_error(error)}; {kept}"
+            + (f"; {hint}" if hint else "")
+        )
 
     def _prune(self, newest: int) -> None:
         """Keep ``newest`` and the ``keep - 1`` steps before it; steps after it (left by an

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import re
 import zlib
@@ -257,3 +258,31 @@ def barrier(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
+
+
+# -- failed saves ---------------------------------------------------------------------------------
+class _OrbaxSaveErrorFilter(logging.Filter):
+    """Drops orbax's logged tracebacks of a failed background save (absl's "ERROR: ...
+    raised an exception", asyncio's "exception was never retrieved"): the same error reaches
+    the caller of ``wait``/``save``/``poll`` as one ``CheckpointWriteError``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        if "orbax" in (record.pathname or "") and record.exc_info:
+            return False
+        tb = record.exc_info[2] if record.exc_info else None
+        while tb is not None:
+            if "orbax" in tb.tb_frame.f_code.co_filename:
+                return False
+            tb = tb.tb_next
+        return True
+
+
+_SAVE_ERROR_FILTER = _OrbaxSaveErrorFilter()
+
+
+def quiet_orbax_save_errors() -> None:
+    """Install ``_OrbaxSaveErrorFilter`` on the ``absl`` and ``asyncio`` loggers (once)."""
+    for name in ("absl", "asyncio"):
+        logging.getLogger(name).addFilter(_SAVE_ERROR_FILTER)  # a second add is a no-op

@@ -1,11 +1,17 @@
-"""What a run records about itself besides arrays: package versions, and a readable diff of two
-saved metadata dicts."""
+"""What a run records about itself besides arrays: package versions, provenance (command line,
+start time, rljax version, git commit), and a readable diff of two saved metadata dicts."""
 
 from __future__ import annotations
 
+import datetime
+import functools
 import importlib.metadata
 import json
+import os
 import platform
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterable
 
 _VERSIONED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "gymnax", "rljax")
@@ -21,6 +27,65 @@ def package_versions() -> dict[str, str | None]:
             versions[name] = None
     versions["python"] = platform.python_version()
     return versions
+
+
+def rljax_version() -> str | None:
+    """The installed rljax's version (None when it runs from a source tree without metadata)."""
+    try:
+        return importlib.metadata.version("rljax")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@functools.cache
+def git_commit() -> str | None:
+    """``git rev-parse HEAD`` of the checkout rljax's source is tracked in; None when it is not
+    in one (an installed wheel), git is missing or slow (2 s), or anything else fails."""
+
+    def git(*args):
+        return subprocess.run(
+            ["git", "-C", _PACKAGE_DIR, *args],
+            capture_output=True, text=True, timeout=2, check=False,
+        )  # fmt: skip
+
+    try:
+        tracked = git("ls-files", "--error-unmatch", "__init__.py")  # not a venv inside a repo
+        if tracked.returncode != 0:
+            return None
+        head = git("rev-parse", "HEAD")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = head.stdout.strip()
+    return commit if head.returncode == 0 and commit else None
+
+
+def utc_now() -> str:
+    """``"2026-12-03T11:53:52Z"``."""
+    now = datetime.datetime.now(datetime.UTC)
+    return now.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def command_line() -> str:
+    """This process's command line (``sys.argv``), shell-quoted; ``python -m rljax`` for
+    rljax's ``__main__``."""
+    argv = list(sys.argv)
+    if argv and os.path.abspath(argv[0]) == os.path.join(_PACKAGE_DIR, "__main__.py"):
+        argv[0:1] = ["python", "-m", "rljax"]
+    return shlex.join(argv)
+
+
+def provenance() -> dict:
+    """What ``config.json`` records about a fresh run's start: ``command_line``, ``started``
+    (ISO UTC), ``rljax_version``, ``git_commit`` (None outside a git checkout)."""
+    return {
+        "command_line": command_line(),
+        "started": utc_now(),
+        "rljax_version": rljax_version(),
+        "git_commit": git_commit(),
+    }
 
 
 _MISSING = object()

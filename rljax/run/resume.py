@@ -16,10 +16,19 @@ keeps their replica mean, which is what error feedback adds back); each replica 
 ``num_envs / data`` environments and replay rows, and the minibatch shuffles and replay sampling
 draw per-replica random streams. So the run continues correctly but not bitwise like one that
 stayed on the old data size. Changing only ``model`` changes nothing numerically.
+
+``config.json`` keeps the run's original configuration (and ``provenance``: command line, start
+time, rljax version, git commit) plus ``resumes``, one record per resume: time, command line, the
+update it resumed from, ``changed`` (``{"algo.total_timesteps": {"old": ..., "new": ...}}``) and
+``defaults`` (fields missing from the saved configuration, e.g. added to rljax since, and the
+default value they took). The run's effective configuration (``read_run_config``) is the
+original with every record's defaults and changes applied. A field missing from the saved
+configuration takes its default; it blocks a resume only if the new value differs from it.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import types
@@ -31,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from rljax.errors import ConfigError
+from rljax.errors import ConfigError, describe_os_error
 from rljax.parallel import Layout
 from rljax.parallel.rules import prepend_axis, rules_with
 from rljax.run.config import RunConfig, resumable_fields
@@ -67,11 +76,77 @@ def _is_tuple_hint(hint) -> bool:
     return origin is tuple or hint is tuple
 
 
-def read_run_config(run_dir: str | Path) -> dict:
-    path = Path(run_dir) / "config.json"
+CONFIG_NAME = "config.json"
+_NOT_COMPARED = ("run.checkpointing.resume",)  # the resume itself
+
+
+def _damaged(run_dir, path: Path, why: str) -> ConfigError:
+    return ConfigError(
+        f"cannot resume {str(run_dir)!r}: {path} is damaged ({why}); nothing was changed. It "
+        "holds the run's configuration: restore it from a backup or a copy of the run"
+    )
+
+
+def read_config_file(run_dir: str | Path) -> dict:
+    """``<run_dir>/config.json`` as written: the original configuration plus ``resumes``.
+    ``ConfigError`` naming the file when it is missing, unreadable or damaged."""
+    path = Path(run_dir) / CONFIG_NAME
     if not path.exists():
         raise ConfigError(f"cannot resume {str(run_dir)!r}: no {path} (not an rljax run directory)")
-    return json.loads(path.read_text())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise _damaged(run_dir, path, "not UTF-8 text") from None
+    except OSError as error:
+        raise ConfigError(
+            f"cannot resume {str(run_dir)!r}: cannot read {path}: {describe_os_error(error)}"
+        ) from None
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        raise _damaged(run_dir, path, f"not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise _damaged(run_dir, path, f"a JSON {type(data).__name__}, not an object")
+    for section, kind in (("algorithm", str), ("algo", dict), ("run", dict)):
+        if not isinstance(data.get(section), kind):
+            raise _damaged(run_dir, path, f"no {section!r} section")
+    records = data.get("resumes", [])
+    if not isinstance(records, list) or not all(
+        isinstance(r, dict)
+        and isinstance(r.get("changed", {}), dict)
+        and isinstance(r.get("defaults", {}), dict)
+        and all(isinstance(c, dict) and "new" in c for c in r.get("changed", {}).values())
+        for r in records
+    ):
+        raise _damaged(run_dir, path, "its 'resumes' list is not a list of resume records")
+    return data
+
+
+def _set_path(tree: dict, dotted: str, value) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        child = tree.get(part)
+        if not isinstance(child, dict):
+            child = tree[part] = {}
+        tree = child
+    tree[last] = value
+
+
+def effective_config(data: dict) -> dict:
+    """The run's configuration now: ``data`` (``read_config_file``) with every resume record's
+    defaults and changes applied in order, without ``resumes``."""
+    out = copy.deepcopy({k: v for k, v in data.items() if k != "resumes"})
+    for record in data.get("resumes", []):
+        for dotted, value in record.get("defaults", {}).items():
+            _set_path(out, dotted, value)
+        for dotted, change in record.get("changed", {}).items():
+            _set_path(out, dotted, change["new"])
+    return out
+
+
+def read_run_config(run_dir: str | Path) -> dict:
+    """The effective configuration of the run in ``run_dir`` (``effective_config``)."""
+    return effective_config(read_config_file(run_dir))
 
 
 def _flatten(data: dict, prefix: str = "") -> dict:
@@ -88,15 +163,39 @@ def _json(value):
     return json.loads(json.dumps(value))
 
 
+def with_defaults(saved: dict, algo_cls) -> tuple[dict, dict]:
+    """``({"algo": ..., "run": ...}, defaults)``: the saved sections with every field missing
+    from them (added to the config classes since the run was saved) set to its default, nested
+    as ``dataclasses.asdict`` writes them; ``defaults``: ``{"algo.kl_coef": 0.0, ...}``."""
+    saved_algo, saved_run = saved.get("algo", {}), saved.get("run", {})
+    algo = _json(dataclasses.asdict(config_from_dict(algo_cls, saved_algo)))
+    run = _json(dataclasses.asdict(RunConfig.from_dict(saved_run)))
+    defaults = {
+        f"algo.{name}": value
+        for name, value in _flatten(algo).items()
+        if name not in _flatten(saved_algo)
+    }
+    saved_leaves = {name.rsplit(".", 1)[-1] for name in _flatten(saved_run)}  # nested or flat
+    defaults.update(
+        (f"run.{name}", value)
+        for name, value in _flatten(run).items()
+        if name.rsplit(".", 1)[-1] not in saved_leaves
+    )
+    return {"algo": algo, "run": run}, defaults
+
+
 def incompatibilities(saved: dict, algorithm: str, algo_config, run_config) -> list[str]:
-    """Differing fields (``"algo.env: 'CartPole-v1' -> 'Acrobot-v1'"``) that forbid a resume."""
+    """Differing fields (``"algo.env: 'CartPole-v1' -> 'Acrobot-v1'"``) that forbid a resume.
+    ``saved``: the effective configuration (``read_run_config``); fields missing from it count
+    as their defaults."""
     if saved.get("algorithm") != algorithm:
         return [f"algorithm: {saved.get('algorithm')!r} -> {algorithm!r}"]
     free_algo = resumable_fields(type(algo_config)) | set(RESUMABLE_ALGO_FIELDS)
     free_run = {name.rsplit(".", 1)[-1] for name in resumable_fields(RunConfig)}
-    saved_run = RunConfig.from_dict(saved.get("run", {}))  # nested or an older flat dict
+    filled, _ = with_defaults(saved, type(algo_config))
+    saved_run = RunConfig.from_dict(filled["run"])
     sections = (
-        ("algo", _flatten(saved.get("algo", {})), _flatten(_json(dataclasses.asdict(algo_config))),
+        ("algo", _flatten(filled["algo"]), _flatten(_json(dataclasses.asdict(algo_config))),
          free_algo),
         ("run", _json(saved_run.flat()), _json(run_config.flat()), free_run),
     )  # fmt: skip
@@ -122,6 +221,45 @@ def check_compatible(saved: dict, algorithm: str, algo_config, run_config) -> No
             + ", algo.".join(free)
             + "; mesh, num_devices, logging, checkpoint, evaluation and fault settings"
         )
+
+
+def resume_record(data: dict, sections: dict, algo_cls, from_update: int) -> dict:
+    """The record a resume appends to ``config.json``'s ``resumes``. ``data``: the file as
+    written (``read_config_file``); ``sections``: what a fresh run would write now (``algo``,
+    ``run``, ``mesh``, ...), JSON-ready. ``changed`` lists every field whose value differs from
+    the effective configuration (dotted, ``algo``/``run`` leaf by leaf, other sections whole);
+    ``defaults`` the fields that took their defaults."""
+    from rljax.run.metadata import command_line, git_commit, rljax_version, utc_now
+
+    effective = effective_config(data)
+    filled, defaults = with_defaults(effective, algo_cls)
+    old = {**_flatten({"algo": filled["algo"], "run": filled["run"]})}
+    new = {**_flatten({"algo": _json(sections["algo"]), "run": _json(sections["run"])})}
+    for name, value in sections.items():
+        if name not in ("algo", "run"):
+            old[name], new[name] = effective.get(name), _json(value)
+    changed = {
+        name: {"old": old.get(name), "new": value}
+        for name, value in new.items()
+        if name not in _NOT_COMPARED and old.get(name) != value
+    }
+    return {
+        "time": utc_now(),
+        "command_line": command_line(),
+        "from_update": int(from_update),
+        "changed": changed,
+        "defaults": defaults,
+        "rljax_version": rljax_version(),
+        "git_commit": git_commit(),
+    }
+
+
+def describe_changes(record: dict) -> list[str]:
+    """``["algo.total_timesteps: 1024 -> 2048", ...]`` of a resume record."""
+    return [
+        f"{name}: {json.dumps(c.get('old'))} -> {json.dumps(c['new'])}"
+        for name, c in record.get("changed", {}).items()
+    ]
 
 
 def _is_spec(x) -> bool:

@@ -38,14 +38,21 @@ from typing import Any
 import jax
 
 from rljax.diagnostics import communication, describe
-from rljax.errors import Interrupted, TrainingError
+from rljax.errors import ConfigError, Interrupted, TrainingError
 from rljax.parallel import mesh_spec_of
 from rljax.run import hooks as builtin
 from rljax.run import memory
 from rljax.run.config import RunConfig
 from rljax.run.evaluation import Evaluation
 from rljax.run.loop import Loop
-from rljax.run.resume import check_compatible, read_run_config, restore_step
+from rljax.run.resume import (
+    check_compatible,
+    describe_changes,
+    read_config_file,
+    read_run_config,
+    restore_step,
+    resume_record,
+)
 from rljax.run.run_dir import RunDirectory, safe_name
 from rljax.run.run_log import NullRunLog, RunLog, default_run_name, plot_learning_curve
 from rljax.run.sharded import (
@@ -80,7 +87,7 @@ class Session:
         self.algo_cls, self.config = resolve_algorithm(algorithm)
         self.name = algorithm_name(self.algo_cls)
         resume = run.checkpointing.resume
-        saved = read_run_config(resume) if resume else None
+        saved = read_run_config(resume) if resume else None  # damaged: ConfigError
         if saved is not None:
             check_compatible(saved, self.name, self.config, run)
         self.layout, self.algo = prepare(algorithm, run)  # every ConfigError before any write
@@ -98,6 +105,7 @@ class Session:
         self.log = self.ckpt = None
         self.started = False  # the first chunk is under way: the run directory is kept
         self.last_saved = 0
+        self.resume_step: int | None = None  # newest valid checkpoint, found by open()
 
     def _fresh_dir(self) -> Path:
         lg = self.run.logging
@@ -112,7 +120,9 @@ class Session:
 
     def open(self) -> None:
         """Create (or, with ``overwrite``, clear) and lock the run directory, then the run log,
-        checkpointer and compiled-run objects."""
+        checkpointer and compiled-run objects. A resume first finds its checkpoint (none, or
+        nothing left to train: an error, nothing written) and appends a record to
+        ``config.json``'s ``resumes`` (the original configuration stays as it was)."""
         run, lg = self.run, self.run.logging
         self.directory.open()
         if jax.process_count() > 1:  # process 0 has prepared the directory
@@ -120,6 +130,16 @@ class Session:
 
             multihost_utils.sync_global_devices(f"rljax run directory {self.run_dir}")
         resume = run.checkpointing.resume
+        from rljax.run.checkpoint import Checkpointer  # orbax: imported when a run starts
+
+        checkpoints = self.run_dir / "checkpoints"
+        if resume and not checkpoints.is_dir():
+            raise self._nothing_to_resume(checkpoints)
+        self.ckpt = Checkpointer(checkpoints, keep=run.checkpointing.keep_checkpoints)
+        self.ckpt.error_hint = lambda: f"resume with: {self.resume_command()}"
+        if resume:
+            self.resume_step = self._resumable_step()
+            saved = read_config_file(self.run_dir)  # again, now that the directory is locked
         self.log = (
             RunLog(
                 self.run_dir,
@@ -130,25 +150,62 @@ class Session:
             if self.primary
             else NullRunLog()
         )
-        self.log.write_config(
+        self.log.error_hint = self._write_error_hint
+        sections = dict(
             algorithm=self.name,
-            algo=self.config,
-            run=run,
+            algo=dataclasses.asdict(self.config),
+            run=dataclasses.asdict(run),
             mesh=self.mesh_info(),
             backend=jax.default_backend(),
             jax_version=jax.__version__,
             processes=jax.process_count(),
         )
-        from rljax.run.checkpoint import Checkpointer  # orbax: imported when a run starts
+        if resume:
+            record = resume_record(saved, sections, type(self.config), self.resume_step)
+            self.log.write_config_data({**saved, "resumes": [*saved.get("resumes", []), record]})
+            for name, value in record["defaults"].items():
+                self.say(f"{name} is not in the saved configuration: default {value!r} taken")
+            if record["changed"]:
+                self.say("changed on resume: " + "; ".join(describe_changes(record)))
+        else:
+            from rljax.run.metadata import provenance
 
-        self.ckpt = Checkpointer(
-            self.run_dir / "checkpoints", keep=run.checkpointing.keep_checkpoints
-        )
+            self.log.write_config(**sections, provenance=provenance(), resumes=[])
         chunk = min(lg.log_every, self.config.num_updates)
         self.sharded = ShardedRun(self.algo, self.layout, run.num_seeds, chunk)
         self.evaluation = None
         if run.evaluation.eval_every:
             self.evaluation = Evaluation(self.sharded, run.evaluation.eval_episodes, run.seed)
+
+    def _nothing_to_resume(self, checkpoints: Path) -> TrainingError:
+        return TrainingError(
+            f"cannot resume {self.run_dir}: no valid checkpoint in {checkpoints.absolute()} "
+            "(nothing was started from scratch)"
+        )
+
+    def _resumable_step(self) -> int:
+        """The newest valid checkpoint's update; an error (nothing written) if there is none or
+        the run already has ``num_updates``."""
+        step = self.ckpt.latest_valid_step()
+        if step is None:
+            raise self._nothing_to_resume(self.ckpt.directory)
+        cfg = self.config
+        if cfg.num_updates <= step:
+            per_update = cfg.env_steps_per_update
+            raise ConfigError(
+                f"{self.run_dir} is already at {step} updates ({step * per_update:,} env steps) "
+                f"and total_timesteps={cfg.total_timesteps} asks for {cfg.num_updates}; nothing "
+                f"changed; pass --total-timesteps above {step * per_update} (at least "
+                f"{(step + 1) * per_update}: one update is {per_update} env steps) to train longer"
+            )
+        return step
+
+    def _write_error_hint(self) -> str:
+        """What a failed write of the run log leaves intact, and how to go on."""
+        step = self.last_saved or self.resume_step  # resume_step: before the first chunk
+        if not step:
+            return "no checkpoint had been written yet"
+        return f"the checkpoint at update {step} is intact; resume with: {self.resume_command()}"
 
     def mesh_info(self) -> dict:
         return {
@@ -183,8 +240,11 @@ class Session:
         self.last_saved = updates_done
 
     def restore_latest(self):
-        """``(update, state)`` of the newest valid checkpoint, placed on the current mesh."""
-        step = self.ckpt.latest_valid_step()
+        """``(update, state)`` of the newest valid checkpoint, placed on the current mesh (the
+        first call after ``open`` of a resume: the step ``open`` found)."""
+        step, self.resume_step = self.resume_step, None
+        if step is None:
+            step = self.ckpt.latest_valid_step()
         if step is None:
             raise TrainingError(
                 f"cannot resume {self.run_dir}: no valid checkpoint in {self.ckpt.directory} "
@@ -263,12 +323,7 @@ def _train(s: Session, user_hooks) -> TrainResult:
         f"{jax.process_count()} process(es)), {run.num_seeds} seed(s), {cfg.num_updates} updates "
         f"x {cfg.env_steps_per_update} steps"
     )
-    resume = run.checkpointing.resume
-    if resume and s.ckpt.latest_valid_step() is None:  # fail before compiling
-        raise TrainingError(
-            f"cannot resume {s.run_dir}: no valid checkpoint in {s.ckpt.directory} "
-            "(nothing was started from scratch)"
-        )
+    resume = run.checkpointing.resume  # Session.open found a checkpoint to resume from
     key = jax.random.key(run.seed)
     s.sharded.compile(key)
     if s.evaluation is not None:

@@ -1,6 +1,7 @@
 """Checkpoints: bitwise-exact and elastic restores, keep-last-k, refusal of NaN states, and
 fallback over damaged steps."""
 
+import contextlib
 import importlib.metadata
 import json
 import platform
@@ -399,3 +400,78 @@ def test_metadata_round_trip_and_compare(mesh4, tmp_path):
     assert versions["orbax-checkpoint"] == importlib.metadata.version("orbax-checkpoint")
     assert versions["jax"] == jax.__version__
     assert versions["python"] == platform.python_version()
+
+
+TENSORSTORE_ENOSPC = (
+    'RESOURCE_EXHAUSTED: Error writing local file "ckpt/2.orbax-checkpoint-tmp/state/_sharding": '
+    "Failed to write 14807 bytes to file 5: No space left on device [os_error_code='28']"
+)
+
+
+@pytest.mark.parametrize("where", ["save", "background"])
+def test_failed_save_is_one_write_error_and_the_previous_step_stays_valid(
+    tmp_path, monkeypatch, where
+):
+    """What orbax raises on a full disk (a tensorstore ``ValueError``), at ``save`` or from the
+    background write: ``CheckpointWriteError`` (a ``TrainingError``: one CLI line) naming the
+    step, the directory and the cause; the step before stays the newest valid one."""
+    from rljax.errors import TrainingError
+    from rljax.run.checkpoint import CheckpointWriteError
+
+    state = {"a": jnp.ones(3)}
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        ckpt.save(1, state, {})
+        ckpt.wait()
+        ckpt.error_hint = lambda: "resume with: rljax train ppo --resume r"
+        manager = type(ckpt._manager)
+        save, wait, started = manager.save, manager.wait_until_finished, []
+
+        def save_fails(self, *args, **kwargs):
+            if where == "save":
+                raise ValueError(TENSORSTORE_ENOSPC)
+            started.append(save(self, *args, **kwargs))
+
+        def background_write_fails(self):
+            wait(self)
+            if started:  # the error of the save in flight, raised once
+                started.clear()
+                raise ValueError(TENSORSTORE_ENOSPC)
+
+        monkeypatch.setattr(manager, "save", save_fails)
+        monkeypatch.setattr(manager, "wait_until_finished", background_write_fails)
+        with pytest.raises(CheckpointWriteError) as info:
+            ckpt.save(2, state, {})
+            ckpt.wait()
+        monkeypatch.undo()
+        assert isinstance(info.value, TrainingError)
+        assert str(info.value) == (
+            f"could not write checkpoint step 2 to {tmp_path / 'ckpt'}: No space left on device "
+            "(errno 28); the checkpoint at step 1 is intact; resume with: rljax train ppo "
+            "--resume r"
+        )
+    with pytest.warns(CheckpointWarning) if where == "background" else contextlib.nullcontext():
+        with Checkpointer(tmp_path / "ckpt") as ckpt:
+            assert ckpt.latest_valid_step() == 1
+
+
+def test_orbax_logged_tracebacks_of_a_failed_save_are_dropped():
+    """orbax logs a failed background save's traceback (absl, asyncio) before the same error
+    reaches the caller as one ``CheckpointWriteError``: those records are filtered out."""
+    import logging
+    import sys
+
+    from rljax.run.integrity import _SAVE_ERROR_FILTER
+
+    try:
+        raise ValueError("RESOURCE_EXHAUSTED")
+    except ValueError:
+        exc_info = sys.exc_info()
+    orbax_file = "/site-packages/orbax/checkpoint/_src/futures/future.py"
+    record = logging.LogRecord("absl", logging.ERROR, orbax_file, 1, "raised", (), exc_info)
+    assert not _SAVE_ERROR_FILTER.filter(record)
+    for name in ("absl", "asyncio"):
+        assert _SAVE_ERROR_FILTER in logging.getLogger(name).filters
+    other = logging.LogRecord("absl", logging.ERROR, __file__, 1, "other", (), exc_info)
+    assert _SAVE_ERROR_FILTER.filter(other)
+    warning = logging.LogRecord("absl", logging.WARNING, orbax_file, 1, "slow", (), None)
+    assert _SAVE_ERROR_FILTER.filter(warning)

@@ -244,3 +244,151 @@ def test_incompatible_resume_lists_the_differing_fields(saved_run, capsys):
     assert "algo.num_envs: 8 -> 16" in capsys.readouterr().err
     rows = json.loads((run_dir / "config.json").read_text())
     assert rows["algo"]["env"] == "CartPole-v1"  # nothing written by the refused attempts
+
+
+# -- resume records, defaults, nothing to train, damaged files ------------------------------------
+def copy_run(run_dir, tmp_path, name="copy"):
+    copy = tmp_path / name
+    subprocess.run(["cp", "-r", str(run_dir), str(copy)], check=True)
+    return copy
+
+
+def snapshot(directory):
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(Path(directory).rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("total", [SMALL.total_timesteps, SMALL.total_timesteps // 2])
+def test_resume_with_nothing_left_to_train_is_one_message_and_changes_nothing(
+    saved_run, total, capsys
+):
+    run_dir, _ = saved_run
+    before = snapshot(run_dir)
+    args = ["train", "ppo", "--resume", str(run_dir), "--total-timesteps", str(total)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: {run_dir} is already at 8 updates (1,024 env steps) and total_timesteps={total} "
+        f"asks for {total // 128}; nothing changed; pass --total-timesteps above 1024 (at least "
+        "1152: one update is 128 env steps) to train longer"
+    ]
+    assert snapshot(run_dir) == before  # config.json, metrics, checkpoints; no lock left
+
+
+def test_fresh_config_records_provenance_and_no_resumes(saved_run):
+    data = json.loads((saved_run[0] / "config.json").read_text())
+    assert data["resumes"] == []
+    prov = data["provenance"]
+    assert set(prov) == {"command_line", "started", "rljax_version", "git_commit"}
+    assert prov["started"].endswith("Z") and prov["command_line"]
+    commit = prov["git_commit"]  # the tests run from a git checkout (or a copy without .git)
+    assert commit is None or (len(commit) == 40 and int(commit, 16) >= 0)
+
+
+def test_resume_records_accumulate_and_missing_fields_take_defaults(saved_run):
+    from rljax.run.resume import (
+        effective_config,
+        incompatibilities,
+        read_config_file,
+        resume_record,
+    )
+
+    data = read_config_file(saved_run[0])
+    del data["algo"]["ent_coef"]  # a field added to PPOConfig after the run was saved
+    del data["run"]["logging"]["tensorboard"]
+    run = RunConfig.from_dict(data["run"])
+    assert incompatibilities(data, "ppo", SMALL, run) == []  # the defaults: nothing differs
+    assert incompatibilities(data, "ppo", dataclasses.replace(SMALL, ent_coef=0.5), run) == [
+        "algo.ent_coef: 0.01 -> 0.5"
+    ]
+
+    def sections(total):
+        config = dataclasses.replace(SMALL, total_timesteps=total)
+        return {"algo": dataclasses.asdict(config), "run": dataclasses.asdict(run), "mesh": {}}
+
+    first = resume_record(data, sections(2048), PPOConfig, 8)
+    assert first["defaults"] == {"algo.ent_coef": 0.01, "run.logging.tensorboard": False}
+    assert first["changed"]["algo.total_timesteps"] == {"old": 1024, "new": 2048}
+    assert first["from_update"] == 8 and first["command_line"]
+    data["resumes"] = [first]
+    second = resume_record(data, sections(4096), PPOConfig, 16)
+    assert second["changed"]["algo.total_timesteps"] == {"old": 2048, "new": 4096}
+    assert second["defaults"] == {}  # the first record made them explicit
+    effective = effective_config({**data, "resumes": [first, second]})
+    assert effective["algo"]["total_timesteps"] == 4096 and effective["algo"]["ent_coef"] == 0.01
+    assert data["algo"]["total_timesteps"] == 1024  # the original is kept as it was
+
+
+DAMAGE = {
+    "truncated": lambda text: text[: len(text) // 2],
+    "garbage": lambda text: "\x00\x01 not json",
+    "not an object": lambda text: "[1, 2]",
+    "no algo section": lambda text: json.dumps({"algorithm": "ppo", "run": {}}),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damaged_config_json_is_one_error_naming_the_file(saved_run, tmp_path, damage, capsys):
+    copy = copy_run(saved_run[0], tmp_path)
+    path = copy / "config.json"
+    path.write_text(DAMAGE[damage](path.read_text()))
+    before = snapshot(copy)
+    assert main(["train", "ppo", "--resume", str(copy), "--total-timesteps", "2048"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: cannot resume {str(copy)!r}: {path} is damaged (")
+    assert "nothing was changed" in line
+    with pytest.raises(ConfigError, match="config.json is damaged"):
+        resume(SMALL, copy)
+    assert snapshot(copy) == before
+
+
+def test_cli_resume_after_damage_warns_in_plain_lines_and_repairs_metrics(
+    saved_run, tmp_path, capsys
+):
+    """A damaged newest checkpoint, a torn last line and a garbage line in metrics.jsonl, and a
+    config field the saved run lacks: the resume goes on from update 4, every warning is one
+    ``warning:`` line, the rows are 1..8 once each and the record names the default."""
+    copy = copy_run(saved_run[0], tmp_path)
+    victim = max(
+        (p for p in (copy / "checkpoints" / "8").rglob("*") if p.is_file()),
+        key=lambda p: p.stat().st_size,
+    )
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    metrics = copy / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join(lines[:3]) + "garbage\n" + "".join(lines[3:]) + '{"update": 9, "lo')
+    config = json.loads((copy / "config.json").read_text())
+    del config["algo"]["ent_coef"]
+    (copy / "config.json").write_text(json.dumps(config))
+
+    assert main(["train", "ppo", "--resume", str(copy)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert all(line.startswith("warning: ") for line in err), err
+    assert any("skipping checkpoint step 8" in line for line in err)
+    assert any(f"dropped 2 damaged line(s) of {metrics}" in line for line in err)
+    assert [r["update"] for r in read_metrics(metrics)] == list(range(1, 9))
+    saved = json.loads((copy / "config.json").read_text())
+    assert "ent_coef" not in saved["algo"]  # the original stays as it was
+    (record,) = saved["resumes"]
+    assert record["from_update"] == 4 and record["defaults"] == {"algo.ent_coef": 0.01}
+
+
+@pytest.mark.parametrize(
+    "failure", [FileNotFoundError("git"), subprocess.TimeoutExpired("git", 2)], ids=str
+)
+def test_git_commit_is_none_when_git_is_missing_or_hangs(monkeypatch, failure):
+    from rljax.run import metadata
+
+    def run(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(metadata.subprocess, "run", run)
+    metadata.git_commit.cache_clear()
+    try:
+        assert metadata.git_commit() is None
+        assert metadata.provenance()["git_commit"] is None
+    finally:
+        metadata.git_commit.cache_clear()

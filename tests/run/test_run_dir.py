@@ -256,7 +256,8 @@ def test_ctrl_c_through_the_cli_is_one_line_and_exit_130(tmp_path, interrupt_com
 def test_ctrl_c_while_resuming_keeps_the_run(finished, interrupt_compile, capsys):
     runs, done = finished
     before = snapshot(done)
-    code = main(["train", "ppo", "--resume", str(done), "--quiet"])
+    longer = ["--total-timesteps", "128"]  # the run is finished at 64
+    code = main(["train", "ppo", "--resume", str(done), "--quiet", *longer])
     assert code == 130
     err = one_error_line(capsys)
     assert err.startswith(f"interrupted: SIGINT before the first chunk finished; {done} is kept")
@@ -281,7 +282,8 @@ def test_a_stale_lock_is_one_warning_line_from_the_cli(finished, interrupt_compi
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     write_lock(done, dead.pid)
-    assert main(["train", "ppo", "--resume", str(done), "--quiet"]) == 130
+    longer = ["--total-timesteps", "128"]  # the run is finished at 64
+    assert main(["train", "ppo", "--resume", str(done), "--quiet", *longer]) == 130
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and lines[1].startswith("interrupted: SIGINT")
     assert lines[0].startswith(f"warning: taking over the stale lock {done / LOCK_NAME} of pid")

@@ -99,3 +99,25 @@ def test_rerun_with_same_name_replaces_metrics(tmp_path):
     log.append([{"update": 2, "env_steps": 16}])
     log.close()
     assert [r["update"] for r in read_metrics(tmp_path / "same" / "metrics.jsonl")] == [1, 2]
+
+
+def test_torn_and_garbage_metrics_lines_are_skipped_and_dropped_on_truncate(tmp_path):
+    from rljax.run.run_log import RunLogWarning
+
+    log = RunLog(tmp_path / "r")
+    log.append([{"update": u, "env_steps": 8 * u} for u in (1, 2, 3)])
+    log.close()
+    path = tmp_path / "r" / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + "\x00garbage\n" + "".join(lines[1:]) + '{"update": 4, "env_st')
+    assert [r["update"] for r in read_metrics(path)] == [1, 2, 3]  # no JSONDecodeError
+    log = RunLog(tmp_path / "r", append=True)
+    with pytest.warns(RunLogWarning, match=r"dropped 2 damaged line\(s\) of .*metrics.jsonl"):
+        log.truncate(2)
+    log.append([{"update": 3, "env_steps": 24}])
+    log.close()
+    assert path.read_text().splitlines() == [
+        '{"update": 1, "env_steps": 8}',
+        '{"update": 2, "env_steps": 16}',
+        '{"update": 3, "env_steps": 24}',
+    ]
