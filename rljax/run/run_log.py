@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from rljax.run.plots import plot_learning_curve  # noqa: F401  (moved; still importable here)
+
 
 def _jsonable(value):
     if isinstance(value, np.ndarray):
@@ -138,31 +140,3 @@ def _jsonable_tree(value):
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def plot_learning_curve(metrics_path: str | Path, out_path: str | Path, title: str = "") -> Path:
-    """Episode return against environment steps: seed mean, with a min-max band over seeds."""
-    # A Figure without pyplot: no global backend switch (notebooks keep inline plots).
-    from matplotlib.figure import Figure
-
-    rows = [r for r in read_metrics(metrics_path) if r.get("episodes", 0)]
-    fig = Figure(figsize=(6, 4))
-    ax = fig.subplots()
-    if rows:
-        steps = np.array([r["env_steps"] for r in rows])
-        ax.plot(steps, [r["episode_return"] for r in rows], label="training (mean over seeds)")
-        if "episode_return_per_seed" in rows[0]:
-            per_seed = np.array([r["episode_return_per_seed"] for r in rows], dtype=float)
-            ax.fill_between(steps, per_seed.min(1), per_seed.max(1), alpha=0.25, label="min-max")
-        evals = [r for r in rows if r.get("eval_return") is not None]
-        if evals:
-            eval_steps = [r["env_steps"] for r in evals]
-            ax.plot(eval_steps, [r["eval_return"] for r in evals], "o-", ms=3, label="evaluation")
-        ax.legend()
-    ax.set_xlabel("environment steps")
-    ax.set_ylabel("episode return")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
-    return Path(out_path)
