@@ -8,10 +8,10 @@
     evaluate(evaluation)                   every eval_every updates and at the end (also after
                                            a stop): eval_* on the last row
     log_metrics(log)                       every chunk: metrics.jsonl / TensorBoard / wandb
-    Progress(console, loop)                every chunk: one line (rljax.run.progress; entered,
-                                           a ticker estimates progress during a chunk)
     poll_checkpoints(ckpt)                 every chunk: the previous save becomes durable
     SaveCheckpoint(session)                every checkpoint_every updates, at the end, on stop
+    Progress(console, loop)                every chunk: one line (rljax.run.progress; entered,
+                                           a ticker estimates progress during a chunk)
 
 and after the loop, when it was stopped, prints how to resume, then the closing summary.
 

@@ -45,6 +45,7 @@ import jax
 import numpy as np
 
 HookFn = Callable[["ChunkInfo"], None]
+TIMING_COLUMNS = ("wall_time", "steps_per_second")  # row columns that differ between equal runs
 
 
 @dataclasses.dataclass(frozen=True)

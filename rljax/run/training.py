@@ -284,6 +284,8 @@ def _train(s: Session, user_hooks) -> TrainResult:
     run, cfg, say = s.run, s.config, s.say
     printing = s.primary and not run.logging.quiet
     console = Console(s.say if printing else None, tty=s.say is print and sys.stdout.isatty())
+    if printing:  # every message through the console: it clears a redrawn status line first
+        s.say = say = console.line
     say(
         f"rljax {s.name} on {cfg.env}: mesh {mesh_spec_of(s.mesh)} ({jax.default_backend()}, "
         f"{jax.process_count()} process(es)), {run.num_seeds} seed(s), {cfg.num_updates} updates "
@@ -317,11 +319,11 @@ def _train(s: Session, user_hooks) -> TrainResult:
     if s.evaluation is not None:  # also at the end: the last row is evaluated
         loop.add_hook(builtin.evaluate(s.evaluation), every=run.evaluation.eval_every, at_end=True)
     loop.add_hook(builtin.log_metrics(s.log))
-    progress = Progress(console, loop)
-    loop.add_hook(progress)
     loop.add_hook(builtin.poll_checkpoints(s.ckpt))
     every = run.checkpointing.checkpoint_every
     loop.add_hook(builtin.SaveCheckpoint(s), every=every, at_end=True)
+    progress = Progress(console, loop)  # after the save: its steps/s includes that host work
+    loop.add_hook(progress)
     for hook in user_hooks:
         loop.add_hook(hook)
 

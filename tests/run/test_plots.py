@@ -47,11 +47,9 @@ def test_ppo_rows_give_return_loss_entropy_kl_panels_and_clipped_ci_bands(tmp_pa
 
 
 def test_dqn_rows_with_one_seed_give_a_loss_panel_only(tmp_path):
-    rows = [
-        {"update": u, "env_steps": u * 100, "episodes": float(u > 2), "episode_return": 9.0 + u,
-         "loss": 0.5}  # fmt: skip
-        for u in range(1, 30)
-    ]
+    row = lambda u: {"update": u, "env_steps": u * 100, "episodes": float(u > 2),  # noqa: E731
+                     "episode_return": 9.0 + u, "loss": 0.5}  # fmt: skip
+    rows = [row(u) for u in range(1, 30)]
     out = plot_learning_curve(write_rows(tmp_path / "m.jsonl", rows), tmp_path / "c.png", "dqn")
     assert out.stat().st_size > 1000
     fig = learning_curve_figure(rows)
