@@ -62,22 +62,27 @@ def _return_panel(ax, rows, window: int) -> None:
     mean = _column(rows, "episode_return")
     ax.plot(steps, mean, color="C0", alpha=0.3, lw=0.8, label="training (raw)")
     ax.plot(steps, smooth(mean, window), color="C0", lw=1.8, label=f"training (smoothed, {window})")
+    evals = [r for r in rows if r.get("eval_return") is not None]
+    eval_mean = _column(evals, "eval_return")
+    observed = mean
     if "episode_return_per_seed" in rows[0]:
         per_seed = np.array(
             [[np.nan if v is None else v for v in r["episode_return_per_seed"]] for r in rows],
             dtype=float,
         )
+        observed = per_seed
         smoothed = np.stack([smooth(c, window) for c in per_seed.T], axis=1)
         centre, half = mean_ci(smoothed, axis=1)
         lower, upper = band(centre, half, np.nanmin(per_seed), np.nanmax(per_seed))
         label = f"95 % CI of the mean ({per_seed.shape[1]} seeds)"
         ax.fill_between(steps, lower, upper, color="C0", alpha=0.2, lw=0, label=label)
-    evals = [r for r in rows if r.get("eval_return") is not None]
-    if evals:
-        half = np.nan_to_num(_column(evals, "eval_return_ci"), nan=0.0)
+    if evals:  # intervals clipped to the returns observed (never above the maximum)
+        low = np.nanmin([np.nanmin(observed), np.nanmin(eval_mean)])
+        high = np.nanmax([np.nanmax(observed), np.nanmax(eval_mean)])
+        lower, upper = band(eval_mean, _column(evals, "eval_return_ci"), low, high)
         ax.errorbar(
-            _column(evals, "env_steps"), _column(evals, "eval_return"), yerr=half, fmt="o-",
-            color="C1", ms=3, lw=1, capsize=2, label="greedy evaluation (95 % CI)",
+            _column(evals, "env_steps"), eval_mean, yerr=[eval_mean - lower, upper - eval_mean],
+            fmt="o-", color="C1", ms=3, lw=1, capsize=2, label="greedy evaluation (95 % CI)",
         )  # fmt: skip
     ax.legend(fontsize="small", loc="best", framealpha=0.8)
 
@@ -109,7 +114,11 @@ def learning_curve_figure(rows: list[dict], title: str = ""):
         ax.plot(steps, smooth(y, window), color="C2", lw=1.5)
         ax.ticklabel_format(axis="y", useOffset=False)
         ax.set_title(label)
+    from matplotlib.ticker import EngFormatter, MaxNLocator
+
     for ax in axes:
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 200k, 1.5M: no overlapping labels
+        ax.xaxis.set_major_locator(MaxNLocator(6 if ax is ret else 4))
         ax.set_xlabel("environment steps (per seed)")
         ax.grid(alpha=0.3)
     fig.suptitle(title)

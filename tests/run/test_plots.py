@@ -43,6 +43,9 @@ def test_ppo_rows_give_return_loss_entropy_kl_panels_and_clipped_ci_bands(tmp_pa
     (band,) = [c for c in ret.collections if c.get_label().startswith("95 % CI of the mean")]
     y = np.concatenate([p.vertices[:, 1] for p in band.get_paths()])
     assert y.max() <= 500.0 and y.min() >= 0.0  # never outside the returns observed
+    (evals,) = ret.containers  # the evaluation's error bars, clipped the same way
+    bars = np.concatenate([seg[:, 1] for seg in evals.lines[2][0].get_segments()])
+    assert bars.max() <= 500.0 and any(r.get("eval_return") == 500.0 for r in rows)
     assert from_run_log is plot_learning_curve  # the old import keeps working
 
 
