@@ -20,6 +20,7 @@ full line. ``Console(None)`` (quiet, processes other than 0) prints nothing and 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sys
 import threading
@@ -259,3 +260,17 @@ def format_summary(summary: dict) -> str:
         lines.append("files:")
         lines += [f"  {name:<18} {path}" for name, path in files.items()]
     return "\n".join(lines)
+
+
+def write_summary(path, summary: dict) -> None:
+    """``summary`` as strict JSON (NaN/Inf as null)."""
+
+    def finite(value):
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return value
+
+    with open(path, "w") as f:
+        f.write(json.dumps(finite(summary), indent=2) + "\n")

@@ -20,6 +20,11 @@ hooks: ``train(..., hooks=[Hook(fn, every=10), fn, ...])`` (a plain function run
   ``interrupted=True`` after printing how to resume. Before the first chunk (compiling,
   restoring) they raise ``Interrupted`` (a ``KeyboardInterrupt``) and a fresh run's directory is
   removed; a resumed run's is kept.
+* Output (``rljax.run.progress``): a line as compiling starts and one when it ends, a progress
+  line per chunk with steps/s and an ETA (a ticker estimates it during long chunks), then a final
+  evaluation (when evaluation is on, also after a stop) and a closing summary: wall and compile
+  time, both throughputs, final training and evaluation returns, where every file is. The same
+  figures are ``TrainResult.summary`` and ``<run_dir>/summary.json``.
 * The run directory (``rljax.run.run_dir``): a fresh run never modifies an existing one
   (``ConfigError``; ``overwrite=True`` replaces it after validation), ``run.lock`` keeps a second
   run or resume out while this one is alive, and is released on every exit path.
@@ -29,8 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import math
 import signal
 import sys
 import threading
@@ -48,7 +51,7 @@ from rljax.run.config import RunConfig
 from rljax.run.evaluation import Evaluation
 from rljax.run.loop import Loop
 from rljax.run.plots import plot_learning_curve
-from rljax.run.progress import Console, Progress, format_summary, run_summary
+from rljax.run.progress import Console, Progress, format_summary, run_summary, write_summary
 from rljax.run.resume import check_compatible, read_run_config, restore_step
 from rljax.run.run_dir import RunDirectory, safe_name
 from rljax.run.run_log import NullRunLog, RunLog, default_run_name, read_metrics
@@ -363,8 +366,7 @@ def _train(s: Session, user_hooks) -> TrainResult:
         stop_reason=loop.stop_reason,
     )
     if s.primary:
-        text = json.dumps(_finite(summary), indent=2) + "\n"
-        (s.run_dir / "summary.json").write_text(text)
+        write_summary(s.run_dir / "summary.json", summary)
     console.line(format_summary(summary))
     return TrainResult(
         state,
@@ -380,12 +382,3 @@ def _train(s: Session, user_hooks) -> TrainResult:
         metrics_path=s.log.metrics_path if s.primary else None,
         recent_rows=list(loop.rows),
     )
-
-
-def _finite(value):
-    """NaN/Inf as null (strict JSON)."""
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

@@ -2,13 +2,14 @@
 closing summary. Stand-in runs (nothing compiled); the real thing: tests/run/test_training.py."""
 
 import io
+import json
 import threading
 import time
 
 import numpy as np
 
 from rljax.run.loop import Loop
-from rljax.run.progress import Console, Progress, format_summary, run_summary
+from rljax.run.progress import Console, Progress, format_summary, run_summary, write_summary
 
 
 class SleepyRun:
@@ -98,3 +99,8 @@ def test_summary_has_both_throughputs_final_returns_with_intervals_and_files():
     assert "wall clock" in text and "inside compiled chunks" in text
     assert "over 2 seed(s)" in text and "(95 % CI) over 6 greedy episodes at update 8" in text
     assert text.endswith("  metrics            runs/x/metrics.jsonl")
+
+
+def test_summary_json_is_strict_json(tmp_path):
+    write_summary(tmp_path / "s.json", {"a": float("nan"), "b": {"c": float("inf"), "d": 1.5}})
+    assert json.loads((tmp_path / "s.json").read_text()) == {"a": None, "b": {"c": None, "d": 1.5}}
