@@ -25,10 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.bench_harness import curve_study_main  # noqa: E402
 from rljax import DQNConfig  # noqa: E402
+from rljax.presets import preset_config  # noqa: E402
 
 
 def make_config(total_timesteps: int) -> DQNConfig:
-    return DQNConfig(total_timesteps=total_timesteps)
+    return preset_config("dqn-cartpole", total_timesteps=total_timesteps)  # --preset dqn-cartpole
 
 
 def summary(c: DQNConfig) -> str:

@@ -30,30 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.bench_harness import curve_study_main  # noqa: E402
 from rljax import PPOConfig  # noqa: E402
+from rljax.presets import preset_config  # noqa: E402
 
 REFERENCE_TIMESTEPS = 10_000_000  # PureJaxRL's MinAtar budget
 
 
 def make_config(total_timesteps: int) -> PPOConfig:
-    return PPOConfig(
-        env="Breakout-MinAtar",
-        num_envs=64,
-        num_steps=128,
-        total_timesteps=total_timesteps,
-        update_epochs=4,
-        num_minibatches=8,
-        lr=5e-3,
-        anneal_lr=True,
-        gamma=0.99,
-        gae_lambda=0.95,
-        clip_eps=0.2,
-        ent_coef=0.01,
-        vf_coef=0.5,
-        max_grad_norm=0.5,
-        actor_widths=(64, 64),
-        critic_widths=(64, 64),
-        activation="relu",
-    )
+    return preset_config("minatar", total_timesteps=total_timesteps)  # rljax --preset minatar
 
 
 def summary(c: PPOConfig) -> str:

@@ -1,4 +1,4 @@
-"""``python -m rljax train ...`` / ``python -m rljax launch ...``: the ``rljax`` command."""
+"""``python -m rljax train|sweep|presets|launch ...``: the ``rljax`` command."""
 
 from rljax.cli import main
 

@@ -266,6 +266,9 @@ def initialize(cfg: DistributedConfig | None = None) -> bool:
     resolved = resolve(cfg)
     if jax.distributed.is_initialized():
         return True
+    from rljax.run.config import check_num_devices
+
+    check_num_devices(cfg.num_cpu_devices, "num_cpu_devices")  # before JAX creates devices
     if cfg.num_cpu_devices is not None:
         set_num_cpu_devices(cfg.num_cpu_devices)
     if not cfg.auto:

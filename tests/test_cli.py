@@ -2,11 +2,13 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+import rljax.cli
 from rljax.algos import ALGORITHMS
 from rljax.cli import main
 from rljax.run.run_log import read_metrics
@@ -80,7 +82,13 @@ def test_top_level_commands_and_console_script(capsys):
     # subcommands from the registry
     assert "rljax train {" + ",".join(ALGORITHMS) + "}" in capsys.readouterr().out
     assert main(["trian", "ppo"]) == 2
-    assert "error: unknown command 'trian'; expected train or launch" in capsys.readouterr().err
+    assert "error: unknown command 'trian'; expected train, sweep, presets or launch" in (
+        capsys.readouterr().err
+    )
+    assert main(["train", "sac"]) == 2
+    assert (
+        capsys.readouterr().err == "error: unknown algorithm 'sac'; expected one of ppo, dqn, a2c\n"
+    )
     # `rljax launch` is rljax.launch.main: its own one-line input errors
     assert main(["launch", "--num-processes", "-1", "--", "train"]) == 2
     assert "launch: error: --num-processes must be an integer >= 1" in capsys.readouterr().err
@@ -91,23 +99,105 @@ def test_top_level_commands_and_console_script(capsys):
     assert pyproject["project"]["scripts"] == {"rljax": "rljax.cli:main"}
 
 
-def test_integer_flags_take_exact_integer_literals(monkeypatch, tmp_path, capsys):
+@pytest.fixture
+def no_training(monkeypatch):
+    """``rljax.run.training.train`` replaced by a recorder: parsing only, nothing compiled."""
     import rljax.run.training
 
     seen = []
     monkeypatch.setattr(rljax.run.training, "train", lambda algo, run: seen.append((algo, run)))
+    return seen
+
+
+def one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert "Traceback" not in captured.out + captured.err and "╭" not in captured.err
+    return lines[0]
+
+
+def test_integer_flags_take_exact_integer_literals(no_training, tmp_path, capsys):
     args = ["train", "ppo", "--total-timesteps", "5e5", "--num-envs", "1.6E1", "--seed", "1_000"]
     assert main([*args, "--actor-widths", "64", "1.28e2", "--runs-dir", str(tmp_path)]) == 0
-    ((algo, run),) = seen
+    ((algo, run),) = no_training
     assert (algo.total_timesteps, algo.num_envs, algo.actor_widths) == (500000, 16, (64, 128))
     assert run.seed == 1000 and type(algo.total_timesteps) is int
-    monkeypatch.setenv("COLUMNS", "200")
     for value in ("2.5", "5e-1", "inf", "nan", "abc"):
-        with pytest.raises(SystemExit) as exit_:  # tyro's parse errors exit 2 (its usual box)
-            main(["train", "ppo", "--total-timesteps", value])
-        assert exit_.value.code == 2
-        captured = capsys.readouterr()
-        text = captured.out + captured.err
-        assert "--total-timesteps" in text and f"{value!r} is not an integer" in text
-        assert "Traceback" not in text
-    assert len(seen) == 1 and list(tmp_path.iterdir()) == []
+        assert main(["train", "ppo", "--total-timesteps", value]) == 2
+        err = one_error_line(capsys)
+        assert err.startswith(f"error: --total-timesteps: {value!r} is not an integer")
+    assert len(no_training) == 1 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--lr", "fast"], "error: --lr: 'fast' is not a number (e.g. 0.5 or 3e-4)"),
+        (
+            ["--activation", "sigmoid"],
+            "error: invalid choice 'sigmoid' for argument '--activation'. Expected one of "
+            "('tanh', 'relu', 'gelu', 'silu')",
+        ),
+        (["--lrr", "3"], "error: unrecognized options: --lrr, 3; perhaps you meant --lr"),
+        (["--num-envs"], "error: missing value for argument '--num-envs'"),
+        (["--num-cpu-devices", "4"], "error: --num-cpu-devices is now --num-devices"),
+    ],
+)
+def test_parse_errors_are_one_line(no_training, capsys, args, message):
+    assert main(["train", "ppo", *args]) == 2
+    assert one_error_line(capsys).startswith(message)
+    assert no_training == []
+
+
+def test_num_devices_is_the_one_device_count_flag(no_training, monkeypatch):
+    seen = []  # --num-devices also reaches DistributedConfig: set before a multi-process start
+    monkeypatch.setattr(rljax.cli, "initialize", seen.append)
+    assert main(["train", "ppo", "--num-devices", "8"]) == 0
+    ((_, run),) = no_training
+    assert run.parallel.num_devices == 8 and seen[0].num_cpu_devices == 8
+
+
+def _help(*argv: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "rljax", *argv, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_help_groups_every_flag_with_a_description(algorithm):
+    text = _help("train", algorithm)
+    assert text.startswith(f"usage: rljax train {algorithm} ")
+    groups = "algorithm network parallelism run checkpoints evaluation logging distributed"
+    assert re.findall(r"╭─ (\w+) options", text) == groups.split()
+    entries: list[list[str]] = []  # one per flag: its lines inside the box
+    for line in text.splitlines():
+        inner = line.strip("│ ").rstrip()
+        if re.match(r"│ --\S", line):
+            entries.append([inner])
+        elif entries and entries[-1] and line.startswith("│" + " " * 10):
+            entries[-1].append(inner)
+        else:  # a group's description, a rule or a box border ends the flag
+            entries.append([])
+    entries = [e for e in entries if e]
+    flags = [e[0].split()[0].rstrip(",") for e in entries]
+    assert len(flags) > 30 and len(set(flags)) == len(flags)
+    for entry in entries:
+        first, *rest = entry
+        usage, _, same_line = first.partition("  ")
+        description = re.sub(r"\(default:.*", "", " ".join([same_line, *rest]).strip())
+        assert len(description.strip()) > 5, f"{usage} has no description"
+    for hidden in ("--debug-nonfinite-at", "--num-cpu-devices"):
+        assert hidden not in text
+    assert "--num-devices" in text and "--preset" in text
+
+
+def test_train_and_sweep_without_algorithm_print_usage(capsys):
+    assert main(["train", "--help"]) == 0 and "rljax sweep {" in capsys.readouterr().out
+    assert main(["sweep"]) == 2

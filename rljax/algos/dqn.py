@@ -72,7 +72,9 @@ class DQNConfig:
     double_dqn: bool = False
     """select the next action with the online network, evaluate it with the target network."""
     dueling: bool = False
+    """dueling head: Q = V + A - mean(A)."""
     loss: Literal["mse", "huber"] = "mse"
+    """TD loss: squared error, or Huber (smooth L1)."""
     lr: float = sweepable_field(2.5e-4)
     """Adam learning rate."""
     lr_decay: bool = False
@@ -80,13 +82,16 @@ class DQNConfig:
     max_grad_norm: float = 0.0
     """global-norm gradient clipping; 0 disables it."""
     epsilon_start: float = 1.0
+    """exploration epsilon at the first environment step."""
     epsilon_end: float = 0.05
+    """exploration epsilon after epsilon_decay_steps."""
     epsilon_decay_steps: int = 250_000
     """environment steps over which epsilon falls linearly from start to end (0: epsilon_end
     from the first step)."""
     prioritized: bool = False
     """proportional prioritized replay."""
     per_alpha: float = 0.6
+    """prioritized replay: priority exponent (0: uniform sampling)."""
     per_beta: float = 0.4
     """initial importance-weight exponent, annealed linearly to 1 over training."""
     per_eps: float = 1e-6
@@ -94,6 +99,7 @@ class DQNConfig:
     q_widths: tuple[int, ...] = (120, 84)
     """Q-network hidden widths; even layers column-split, odd row-split over `model`."""
     activation: Literal["tanh", "relu", "gelu", "silu"] = "relu"
+    """hidden-layer nonlinearity."""
     sync: SyncConfig = SyncConfig()
     """gradient synchronisation across the data axis (rljax.parallel.sync)."""
 

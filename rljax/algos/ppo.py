@@ -27,7 +27,14 @@ from rljax.algos.actor_critic import (
     env_major,
     gae,
 )
-from rljax.algos.base import adam, check_divisible, episode_metrics, resumable, sweepable
+from rljax.algos.base import (
+    INT32_MAX,
+    adam,
+    check_divisible,
+    episode_metrics,
+    resumable,
+    sweepable,
+)
 from rljax.envs import check_env_name
 from rljax.errors import ConfigError
 from rljax.networks import distributions
@@ -154,6 +161,13 @@ class PPO(ActorCriticAlgorithm):
             raise ConfigError(
                 f"total_timesteps={config.total_timesteps} is less than one update "
                 f"(num_envs*num_steps={config.batch_size})"
+            )
+        steps = config.num_updates * config.update_epochs * config.num_minibatches
+        if steps > INT32_MAX:  # the optimizer's int32 step count drives the LR annealing
+            raise ConfigError(
+                f"{steps:,} optimizer steps (updates*update_epochs*num_minibatches) do not fit the "
+                f"int32 step counter (at most {INT32_MAX:,}); lower total_timesteps, update_epochs "
+                "or num_minibatches, or raise num_envs*num_steps"
             )
         validate_sync(config.sync)
         check_torso(config.torso_widths)

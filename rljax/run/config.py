@@ -202,6 +202,23 @@ def sweepable_fields(config_cls) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(config_cls) if f.metadata.get("sweepable"))
 
 
+# Emulated CPU devices share this host's cores and memory; JAX builds them all at start-up with
+# no output (100,000 grew memory by 55 MB/s until killed). 1024 is far above any useful mesh.
+MAX_CPU_DEVICES = 1024
+
+
+def check_num_devices(n: int | None, flag: str = "num_devices") -> None:
+    """``n`` emulated CPU devices must be in ``[1, MAX_CPU_DEVICES]`` (``None``: not set);
+    checked before JAX creates any device."""
+    if n is None:
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CPU_DEVICES:
+        raise ConfigError(
+            f"{flag}={n!r} emulated CPU devices: allowed are 1 to {MAX_CPU_DEVICES} (they share "
+            "this host's cores and memory)"
+        )
+
+
 def validate_run(run: RunConfig, layout) -> None:
     """Every ``ConfigError`` of ``run`` on a ``Layout``, before anything is written or
     compiled."""

@@ -20,17 +20,18 @@ and after the loop, when it was stopped, prints how to resume, then the closing 
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rljax.diagnostics import comm_bytes_per_update
 from rljax.errors import TrainingError
-from rljax.run.loop import ChunkInfo, to_host
+from rljax.run import integrity
+from rljax.run.loop import ChunkInfo
 from rljax.run.progress import Progress  # noqa: F401  (a built-in hook, defined with the console)
 
 GUARDED_METRICS = ("loss", "grad_norm")
@@ -45,10 +46,26 @@ def first_nonfinite(rows) -> tuple[int, str] | None:
     return None
 
 
-@jax.jit
-def params_finite(params) -> jax.Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(params)]
-    return jnp.all(jnp.stack(leaves))
+def dotted(keystr: str) -> str:
+    """``".buffer.priorities"`` / ``"['params']['actor']"`` (``keystr``) -> ``buffer.priorities``
+    / ``params.actor``."""
+    return re.sub(r"\['([^']*)'\]|\[(\d+)\]", r".\1\2", keystr).lstrip(".")
+
+
+def nonfinite_state(state) -> list[tuple[str, str]]:
+    """``(path, "<n> of <size> values")`` of every floating leaf of ``state`` (parameters,
+    optimizer and sync state, environments, replay priorities, ...) holding NaN/Inf; one
+    compiled reduction, its result the same on every process."""
+    out = []
+    for entry in integrity.nonfinite_leaves(state):
+        path, _, count = entry.partition(" (")
+        out.append((dotted(path), count.rstrip(")")))
+    return out
+
+
+def params_finite(params) -> bool:
+    """Whether every floating leaf of ``params`` (or any state tree) is finite."""
+    return not nonfinite_state(params)
 
 
 def fresh_keys(state, salt: int):
@@ -60,10 +77,12 @@ def fresh_keys(state, salt: int):
 
 
 class NonFiniteGuard:
-    """A NaN/Inf loss, gradient norm or parameter: ``TrainingError`` naming the update and the
-    quantity (``on_nonfinite="stop"``), or roll back to the last valid checkpoint with fresh keys
-    (``"rollback"``, at most ``max_rollbacks`` times; ``loop.rewind``). Runs before anything is
-    logged or saved, so bad rows and states never reach disk."""
+    """A NaN/Inf loss, gradient norm or any floating array of the state (parameters, optimizer
+    state, replay priorities, ...): ``TrainingError`` naming the update and the quantity (its
+    state path, e.g. ``buffer.priorities``) (``on_nonfinite="stop"``), or roll back to the last
+    valid checkpoint with fresh keys (``"rollback"``, at most ``max_rollbacks`` times;
+    ``loop.rewind``). Runs before anything is logged or saved, so bad rows and states never reach
+    disk."""
 
     def __init__(self, session):
         self.s = session
@@ -71,8 +90,18 @@ class NonFiniteGuard:
 
     def __call__(self, info: ChunkInfo) -> None:
         problem = first_nonfinite(info.rows)
-        if problem is None and not bool(to_host(params_finite(info.state.params))):
-            problem = (info.update, "parameters")
+        if problem is None:
+            bad = nonfinite_state(info.state)
+            if bad:
+                paths = [path for path, _ in bad]
+                under_params = all(p == "params" or p.startswith("params.") for p in paths)
+                quantity = "parameters" if under_params else paths[0]
+                shown = [f"{path} ({count})" for path, count in bad[:3]]
+                more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+                detail = f" in {', '.join(shown)}{more}"
+                if bad[0][0] == quantity and len(bad) == 1:
+                    detail = f" ({bad[0][1]})"
+                problem = (info.update, quantity, detail)
         if problem is None:
             return
         faults = self.s.run.faults
@@ -83,7 +112,7 @@ class NonFiniteGuard:
         raise TrainingError(self._message(problem))
 
     def _message(self, problem) -> str:
-        update, quantity = problem
+        update, quantity, *detail = problem
         s = self.s
         where = (
             f"the last good checkpoint (update {s.last_saved}) in {s.ckpt.directory} is "
@@ -91,10 +120,11 @@ class NonFiniteGuard:
             if s.last_saved
             else "no checkpoint had been written yet"
         )
-        return f"non-finite {quantity} (NaN/Inf) at update {update}; stopped. {where}"
+        what = f"non-finite {quantity} (NaN/Inf) at update {update}{''.join(detail)}"
+        return f"{what}; stopped. {where}"
 
     def _rollback(self, problem):
-        update, quantity = problem
+        update, quantity, *_ = problem
         s = self.s
         s.ckpt.wait()
         if s.ckpt.latest_valid_step() is None:

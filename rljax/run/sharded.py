@@ -26,7 +26,8 @@ from rljax.algos import ALGORITHMS, Algorithm
 from rljax.errors import ConfigError
 from rljax.parallel import Layout, make_mesh, set_num_cpu_devices
 from rljax.parallel.rules import RULES, Rules, prepend_axis, seeds_on
-from rljax.run.config import RunConfig, validate_run
+from rljax.run import memory
+from rljax.run.config import RunConfig, check_num_devices, validate_run
 
 
 # -- Algorithms: the registry, read nowhere else in rljax.run -------------------------------------
@@ -224,6 +225,7 @@ class ShardedRun:
 
 # -- Everything checked, then built ---------------------------------------------------------------
 def make_run_mesh(run: RunConfig) -> Mesh:
+    check_num_devices(run.parallel.num_devices)  # before JAX creates any device
     if run.parallel.num_devices is not None:
         set_num_cpu_devices(run.parallel.num_devices)
     mesh = make_mesh(run.parallel.mesh)
@@ -239,7 +241,8 @@ def make_run_mesh(run: RunConfig) -> Mesh:
 def prepare(algorithm, run: RunConfig, swept: tuple[str, ...] = ()) -> tuple[Layout, Any]:
     """Validate everything and build the layout and the algorithm (a config, instance or class:
     an instance is rebuilt as its own class for the layout's replicas); raises ``ConfigError``
-    before anything compiles."""
+    before anything compiles, also when the run cannot fit in the devices' memory
+    (``rljax.run.memory``: traced, cached; ``memory.estimate(algo, layout, num_seeds)``)."""
     algo_cls, config = resolve_algorithm(algorithm)
     layout = Layout(make_run_mesh(run), rules_for(run))
     validate_run(run, layout)
@@ -247,4 +250,6 @@ def prepare(algorithm, run: RunConfig, swept: tuple[str, ...] = ()) -> tuple[Lay
     # leave each seed's environment batch whole on its shard (one replica).
     replicas = layout.shards("replica")
     algo_cls.validate(config, layout.shards("batch"), layout.shards("mlp"))
-    return layout, algo_cls(config, replicas=replicas, swept=swept)
+    algo = algo_cls(config, replicas=replicas, swept=swept)
+    memory.check(algo, layout, run.num_seeds)
+    return layout, algo

@@ -14,6 +14,9 @@ with that setting's values, so it equals a single run with ``RunConfig(seed=seed
 config changed to the setting. ``RunConfig.make(seed_axis="data")`` places the members on the
 data axis of the mesh (``S`` divisible by its size).
 
+``sweep_groups`` (``rljax sweep``) runs one such program per combination of the values of the
+other fields (shapes, programs), one after another, and writes a results table of all of them.
+
 Written per setting: ``<run dir>/<setting>/metrics.jsonl`` (seed mean and per-seed returns per
 update), plus ``summary.json``, ``summary.md`` and ``sweep.png`` in the run directory.
 """
@@ -216,3 +219,106 @@ def _write_summary(run_dir, settings, seeds, final, returns, per_update, table) 
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(run_dir / "sweep.png", dpi=100)
+
+
+# -- the command line: several compiled groups in one command -------------------------------------
+def sweep_groups(
+    algorithm,
+    lists: Mapping[str, Sequence],
+    seeds: Sequence[int] = (0,),
+    run: RunConfig | None = None,
+    progress=print,
+) -> list[SweepResult]:
+    """``rljax sweep``: ``lists`` maps algorithm fields to values. Sweepable float fields form
+    the grid of one compiled program; every other field (shapes, programs: ``num_envs``,
+    ``activation``, ...) gives separate groups, compiled and run one after another. Writes one
+    sweep directory: the group's files (``sweep``'s) directly for one group, else one
+    subdirectory per group; and ``results.md`` / ``results.json`` (every group and setting).
+    Every group is validated before the first compiles."""
+    run = run or RunConfig()
+    algo_cls, algo_config = resolve_algorithm(algorithm)
+    sweepable = algo_cls.sweepable()
+    grid = {k: [float(v) for v in vs] for k, vs in lists.items() if k in sweepable}
+    axes = {k: list(vs) for k, vs in lists.items() if k not in grid}
+    groups = [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
+    name = algorithm_name(algo_cls)
+    sweep_dir = Path(run.logging.runs_dir) / (
+        run.logging.run_name or default_run_name(f"{name}-sweep", algo_config.env)
+    )
+    if sweep_dir.exists() and not run.logging.overwrite:
+        raise ConfigError(
+            f"sweep directory {str(sweep_dir)!r} exists; pick another --run-name, or --overwrite"
+        )
+    plans = []
+    for group in groups:
+        config = dataclasses.replace(algo_config, **group)
+        members = grid or {sweepable[0]: [getattr(config, sweepable[0])]}
+        settings_of(config, members)  # every group's values checked before anything compiles
+        size = len(seeds) * len(list(itertools.product(*members.values())))
+        if size < 2:
+            raise ConfigError(
+                "a sweep group needs at least 2 members (settings x seeds); add seeds "
+                "(--seeds 0,1) or values of a float flag (e.g. --lr 1e-4,3e-4)"
+            )
+        if len(groups) > 1:
+            group_run = run.replace(runs_dir=str(sweep_dir), run_name=_group_name(group))
+        else:
+            group_run = run.replace(runs_dir=str(sweep_dir.parent), run_name=sweep_dir.name)
+        prepare(config, group_run.replace(num_seeds=size), swept=tuple(members))
+        plans.append((group, config, members, group_run))
+    results = []
+    for i, (group, config, members, group_run) in enumerate(plans):
+        if group and not run.logging.quiet:
+            progress(f"group {i + 1}/{len(plans)}: {label(group) if group else ''}")
+        results.append(sweep(config, members, seeds, group_run, progress))
+    _write_results(sweep_dir, algo_config, plans, results, run.logging.quiet, progress)
+    return results
+
+
+def _group_name(group: dict) -> str:
+    return "_".join(f"{k}-{v}" for k, v in group.items()).replace("/", "-")[:100]
+
+
+def _write_results(sweep_dir, algo_config, plans, results, quiet, progress) -> None:
+    rows = []
+    for (group, *_), result in zip(plans, results, strict=True):
+        for setting, finals in zip(result.settings, result.final_return, strict=True):
+            rows.append(
+                {
+                    **group,
+                    **setting,
+                    "final_return_mean": float(finals.mean()),
+                    "final_return_std": float(finals.std(ddof=1)) if len(finals) > 1 else 0.0,
+                    "steps_per_second": result.steps_per_second,
+                    "dir": str(result.run_dir / label(setting)),
+                }
+            )
+    fields = [k for k in rows[0] if k not in ("final_return_mean", "final_return_std", "dir")]
+    fields = [k for k in fields if k != "steps_per_second"]
+    lines = [
+        "| " + " | ".join(fields) + " | final return mean | std | steps/s |",
+        "|" + "--:|" * (len(fields) + 3),
+    ]
+    for row in rows:
+        values = " | ".join(
+            f"{row[f]:g}" if isinstance(row[f], float) else str(row[f]) for f in fields
+        )
+        lines.append(
+            f"| {values} | {row['final_return_mean']:.1f} | {row['final_return_std']:.1f} "
+            f"| {row['steps_per_second']:,.0f} |"
+        )
+    table = "\n".join(lines)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / "results.md").write_text(table + "\n")
+    report = {
+        "seeds": results[0].seeds,
+        "base_config": dataclasses.asdict(algo_config),
+        "final_return_definition": "mean episode return over the last 5% of updates, per seed; "
+        "mean and sample std over seeds",
+        "rows": rows,
+    }
+    (sweep_dir / "results.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    if not quiet and len(plans) > 1:
+        progress(table)
+    if not quiet:
+        progress(f"results: {sweep_dir / 'results.md'}")

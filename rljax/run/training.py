@@ -11,9 +11,10 @@ hooks: ``train(..., hooks=[Hook(fn, every=10), fn, ...])`` (a plain function run
   replay buffer, RNG keys, counters) plus JSON metadata (configs, mesh, replicas, versions,
   env steps). ``resume=<run dir>`` continues from the newest valid checkpoint: same mesh gives
   bitwise the same result as an uninterrupted run; other meshes: see ``rljax.run.resume``.
-* Non-finite guard: a NaN/Inf loss or gradient norm in any update, or non-finite parameters after
-  a chunk, stop the run with ``TrainingError`` naming the update and the quantity; the last good
-  checkpoint is never overwritten (``Checkpointer.save`` refuses non-finite states too). With
+* Non-finite guard: a NaN/Inf loss or gradient norm in any update, or any non-finite floating
+  array of the state (parameters, optimizer state, replay priorities, ...) after a chunk, stop
+  the run with ``TrainingError`` naming the update and the quantity (its state path); the last
+  good checkpoint is never overwritten (``Checkpointer.save`` refuses non-finite states too). With
   ``on_nonfinite="rollback"`` the run instead restores the last good checkpoint, replaces the RNG
   key by a fresh split, and continues, at most ``max_rollbacks`` times.
 * SIGINT/SIGTERM: the current chunk finishes, a checkpoint is saved, and ``train`` returns with
@@ -47,6 +48,7 @@ from rljax.diagnostics import communication, describe
 from rljax.errors import Interrupted, TrainingError
 from rljax.parallel import mesh_spec_of
 from rljax.run import hooks as builtin
+from rljax.run import memory
 from rljax.run.config import RunConfig
 from rljax.run.evaluation import Evaluation
 from rljax.run.loop import Loop
@@ -111,6 +113,7 @@ class Session:
         if saved is not None:
             check_compatible(saved, self.name, self.config, run)
         self.layout, self.algo = prepare(algorithm, run)  # every ConfigError before any write
+        self.memory = memory.estimate(self.algo, self.layout, run.num_seeds)  # checked, cached
         self.mesh = self.layout.mesh
         self.primary = jax.process_index() == 0
         quiet = run.logging.quiet

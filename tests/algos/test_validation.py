@@ -18,6 +18,11 @@ from rljax.parallel.sync import SyncConfig
         (PPO, PPOConfig(vf_coef=float("nan")), "vf_coef must be a finite number"),
         (PPO, PPOConfig(total_timesteps=3_000_000_000), "does not fit the int32 counters"),
         (DQN, DQNConfig(total_timesteps=3_000_000_000), "does not fit the int32 counters"),
+        (
+            PPO,
+            PPOConfig(num_envs=1, num_steps=1, num_minibatches=1, total_timesteps=2 * 10**9),
+            "8,000,000,000 optimizer steps .* do not fit the int32 step counter",
+        ),
         (DQN, DQNConfig(per_eps=0.0), "per_eps must be > 0"),
         (DQN, DQNConfig(per_eps=-1.0), "per_eps must be > 0"),
         (

@@ -135,3 +135,17 @@ def test_resumable_fields_come_from_field_metadata():
     free = resumable_fields(RunConfig)
     assert {"parallel.mesh", "logging.log_every", "checkpointing.resume", "seed"} <= free
     assert "num_seeds" not in free and "parallel.seed_axis" not in free
+
+
+def test_too_many_emulated_devices_is_one_error_before_jax_creates_them(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    args = ["train", "ppo", "--num-devices", "100000", "--runs-dir", str(runs)]
+    assert main(args) == 2  # JAX already runs here: the bound is checked before that matters
+    err = capsys.readouterr().err.strip()
+    assert err == "error: num_devices=100000 emulated CPU devices: allowed are 1 to 1024 (they " \
+        "share this host's cores and memory)"  # fmt: skip
+    assert not runs.exists()
+    from rljax.distributed import DistributedConfig, initialize
+
+    with pytest.raises(ConfigError, match=r"num_cpu_devices=100000 .* allowed are 1 to 1024"):
+        initialize(DistributedConfig(num_cpu_devices=100000))

@@ -3,12 +3,16 @@
 import dataclasses
 import json
 
+import jax
 import jax.numpy as jnp
 import pytest
 
 import rljax
-from rljax import PPO, ConfigError, PPOConfig, RunConfig, train
+from rljax import PPO, ConfigError, DQNConfig, PPOConfig, RunConfig, train
+from rljax.errors import TrainingError
+from rljax.run.checkpoint import Checkpointer
 from rljax.run.loop import Hook
+from rljax.run.run_log import read_metrics
 from rljax.run.sharded import ShardedRun, prepare
 
 
@@ -121,3 +125,41 @@ def test_a_stopped_run_is_evaluated_before_it_ends_and_quiet_prints_nothing(tmp_
     rows = result.metrics
     assert [r["update"] for r in rows] == [1, 2] and "eval_return" in rows[-1]
     assert result.summary["stop_reason"] == "enough"
+
+
+def nan_priorities_at(update: int) -> rljax.Hook:
+    """Fault injection: NaN replay priorities after the chunk ending at ``update``, ahead of the
+    built-in hooks (as ``--per-eps -1`` made them before validation refused it)."""
+
+    def poison(info):
+        if info.update != update:
+            return
+        sharded = info.loop.sharded
+
+        def nan(state):
+            return state.replace(
+                buffer=state.buffer.replace(priority=state.buffer.priority * jnp.nan)
+            )
+
+        with jax.set_mesh(sharded.mesh):
+            poisoned = jax.jit(nan, out_shardings=sharded.state_shardings)(info.state)
+        info.loop.replace_state(poisoned)
+
+    return rljax.Hook(poison, first=True)
+
+
+def test_nonfinite_replay_priorities_stop_the_run_and_are_never_saved(tmp_path):
+    config = DQNConfig(
+        num_envs=4, steps_per_update=4, buffer_size=64, batch_size=8, learning_starts=16,
+        train_frequency=4, target_update_interval=16, total_timesteps=4 * 4 * 4, prioritized=True,
+    )  # fmt: skip
+    run = RunConfig.make(mesh="data=2", runs_dir=str(tmp_path), run_name="per", log_every=1,
+                         checkpoint_every=2, eval_every=0, quiet=True)  # fmt: skip
+    with pytest.raises(TrainingError) as info:
+        train(config, run, hooks=[nan_priorities_at(3)])
+    message = str(info.value)
+    assert "non-finite buffer.priority (NaN/Inf) at update 3 (64 of 64 values)" in message
+    assert "last good checkpoint (update 2)" in message
+    with Checkpointer(tmp_path / "per" / "checkpoints") as ckpt:
+        assert ckpt.steps() == [2] and ckpt.latest_valid_step() == 2
+    assert [r["update"] for r in read_metrics(tmp_path / "per" / "metrics.jsonl")] == [1, 2]
