@@ -4,8 +4,9 @@
 ``BatchedEnv``, never the training batch) with the algorithm's greedy action (PPO: argmax of the
 logits, or a sample with ``greedy=False``; DQN: argmax Q, no exploration) for as many steps as the
 environment's time limit, so every environment finishes its first episode, and returns that
-episode's mean return and length. With per-replica parameters (local/adaptive sync) replica 0 is
-evaluated. The key decides everything: the same key gives the same numbers.
+episode's mean return and length, and each episode's return (``eval_episode_returns
+[num_envs]``). With per-replica parameters (local/adaptive sync) replica 0 is evaluated. The
+key decides everything: the same key gives the same numbers.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ DEFAULT_EVAL_STEPS = 1000  # for environments without a time limit in their para
 
 
 class Evaluator:
-    """A jittable ``evaluate(params, key) -> {"eval_return", "eval_length"}`` for ``algo``."""
+    """A jittable ``evaluate(params, key) -> {"eval_return", "eval_length", "eval_finished",
+    "eval_episode_returns" [num_envs]}`` for ``algo``."""
 
     def __init__(self, algo, num_envs: int, greedy: bool = True):
         if num_envs < 1:
@@ -58,6 +60,7 @@ class Evaluator:
             "eval_return": total.mean(),
             "eval_length": length.astype(jnp.float32).mean(),
             "eval_finished": finished.mean(),
+            "eval_episode_returns": total,
         }
 
 
@@ -65,7 +68,11 @@ class Evaluation:
     """Greedy evaluation of a training run's state between chunks, compiled ahead of time.
 
     The key of the evaluation after update ``u`` depends only on the run's seed and ``u``;
-    with seeds, each seed is evaluated (vmapped) and the numbers averaged over seeds."""
+    with seeds, each seed is evaluated (vmapped) and the numbers averaged over seeds. A call
+    returns the row columns ``eval_return`` (mean over seeds and episodes), ``eval_return_ci``
+    (half-width of its 95 % t-interval over those episodes), ``eval_length``, ``eval_finished``;
+    the episodes' returns of the latest call stay in ``last_returns`` (``[(S,) episodes]``, with
+    its update in ``last_update``) for the run's summary."""
 
     def __init__(self, sharded_run, num_envs: int, seed: int):
         self.sharded = sharded_run
@@ -74,6 +81,8 @@ class Evaluation:
         evaluator = Evaluator(sharded_run.algo, num_envs)
         self._evaluate = jax.jit(jax.vmap(evaluator) if self.num_seeds > 1 else evaluator)
         self._key = jax.random.fold_in(jax.random.key(seed), 0xE7A1)
+        self.last_returns: np.ndarray | None = None
+        self.last_update: int | None = None
 
     def _eval_key(self, update: int):
         from rljax.run.sharded import replicate
@@ -93,7 +102,12 @@ class Evaluation:
 
     def __call__(self, state, update: int) -> dict[str, float]:
         from rljax.run.loop import to_host
+        from rljax.run.stats import mean_ci
 
         with self.sharded.layout.active():
             result = self._evaluate(state.params, self._eval_key(update))
-        return {k: float(np.mean(to_host(v))) for k, v in result.items()}
+        self.last_returns = to_host(result.pop("eval_episode_returns"))
+        self.last_update = update
+        row = {k: float(np.mean(to_host(v))) for k, v in result.items()}
+        row["eval_return_ci"] = float(mean_ci(self.last_returns.ravel())[1])
+        return row

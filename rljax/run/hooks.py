@@ -5,13 +5,15 @@
     NonFiniteGuard(session)                every chunk: NaN/Inf -> TrainingError or rollback
     StopSignals()                          every chunk: SIGINT/SIGTERM -> loop.request_stop
     comm_bytes(comm)                       every chunk: bytes communicated per update (rows)
-    evaluate(evaluation)                   every eval_every updates: eval_* on the last row
+    evaluate(evaluation)                   every eval_every updates and at the end (also after
+                                           a stop): eval_* on the last row
     log_metrics(log)                       every chunk: metrics.jsonl / TensorBoard / wandb
-    Progress(say, num_updates, ...)        every chunk: one line
     poll_checkpoints(ckpt)                 every chunk: the previous save becomes durable
     SaveCheckpoint(session)                every checkpoint_every updates, at the end, on stop
+    Progress(console, loop)                every chunk: one line (rljax.run.progress; entered,
+                                           a ticker estimates progress during a chunk)
 
-and after the loop, when it was stopped, prints how to resume.
+and after the loop, when it was stopped, prints how to resume, then the closing summary.
 
 ``session`` is the ``rljax.run.training.Session`` of the run (checkpointer, run log, printing).
 """
@@ -30,6 +32,7 @@ from rljax.diagnostics import comm_bytes_per_update
 from rljax.errors import TrainingError
 from rljax.run import integrity
 from rljax.run.loop import ChunkInfo
+from rljax.run.progress import Progress  # noqa: F401  (a built-in hook, defined with the console)
 
 GUARDED_METRICS = ("loss", "grad_norm")
 
@@ -211,7 +214,8 @@ def comm_bytes(comm: dict):
 
 
 def evaluate(evaluation):
-    """``evaluation(state, update)`` (``rljax.run.evaluation.Evaluation``) on the last row."""
+    """``evaluation(state, update)`` (``rljax.run.evaluation.Evaluation``) on the last row (add
+    with ``every=eval_every, at_end=True``: the run's last row is always evaluated)."""
 
     def hook(info: ChunkInfo) -> None:
         info.rows[-1].update(evaluation(info.state, info.update))
@@ -226,24 +230,6 @@ def log_metrics(log):
         log.append(info.rows)
 
     return hook
-
-
-class Progress:
-    """``  update     25/976  env steps     12,800      11,402 steps/s  return     77.4``."""
-
-    def __init__(self, say):
-        self.say = say
-
-    def __call__(self, info: ChunkInfo) -> None:
-        loop = info.loop
-        recent = np.mean([r["episode_return"] for r in info.rows])
-        last = info.rows[-1]
-        evaluated = f"  eval {last['eval_return']:8.1f}" if "eval_return" in last else ""
-        self.say(
-            f"  update {info.update:>6}/{info.num_updates}  env steps "
-            f"{info.update * loop.env_steps_per_update:>10,}  {loop.steps_per_second():>10,.0f} "
-            f"steps/s  return {recent:8.1f}{evaluated}"
-        )
 
 
 # -- checkpoints ----------------------------------------------------------------------------------

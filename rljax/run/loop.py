@@ -18,11 +18,24 @@ Control, all through the loop (no exceptions as control flow):
 that have not run for this chunk run, with ``info.stop_reason`` set); ``loop.replace_state(s)``
 swaps the state seen by later hooks and the next chunk; ``loop.rewind(update, state)`` continues
 from an earlier point (rollback): the rest of this chunk's hooks are skipped and the rows after
-``update`` are dropped from ``loop.rows``. Errors are exceptions (``TrainingError``).
+``update`` are dropped from ``loop.rows``. A stop requested by a hook makes the ``at_end`` hooks
+after it in the order fire in the same pass (so an end-of-run evaluation lands on the row before
+it is logged). Errors are exceptions (``TrainingError``).
+
+Memory stays flat: ``loop.rows`` keeps only the last ``keep_rows`` rows (a ``deque``); the whole
+run's rows are what ``log_metrics`` streamed to ``metrics.jsonl``.
+
+Throughput, one definition each (``env steps`` = updates of this loop x ``env_steps_per_update``
+x seeds): ``steps_per_second()`` is wall clock, env steps / seconds since ``run`` started, host
+work (hooks, evaluation, checkpoints) included; ``compiled_steps_per_second()`` is env steps /
+seconds spent inside compiled chunks (the call until its metrics reach the host). Every row gets
+``wall_time`` (seconds since ``clock_origin``, default the start of ``run``) and
+``steps_per_second`` (wall clock, at the end of its chunk).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from collections.abc import Callable
@@ -32,6 +45,7 @@ import jax
 import numpy as np
 
 HookFn = Callable[["ChunkInfo"], None]
+TIMING_COLUMNS = ("wall_time", "steps_per_second")  # row columns that differ between equal runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,17 +88,32 @@ class ChunkInfo:
 class Loop:
     """Chunks of ``sharded_run`` from ``start`` to ``num_updates`` with hooks; see module doc."""
 
-    def __init__(self, sharded_run, num_updates: int, env_steps_per_update: int = 1):
+    def __init__(
+        self,
+        sharded_run,
+        num_updates: int,
+        env_steps_per_update: int = 1,
+        *,
+        keep_rows: int = 1000,
+        clock_origin: float | None = None,
+    ):
+        """``keep_rows``: how many of the latest rows ``loop.rows`` keeps; ``clock_origin``: the
+        ``time.perf_counter()`` that rows' ``wall_time`` counts from (default: ``run``'s start)."""
         self.sharded = sharded_run
         self.num_updates = num_updates
         self.env_steps_per_update = env_steps_per_update
         self.hooks: list[Hook] = []
-        self.rows: list[dict[str, Any]] = []  # every row of this loop's updates so far
+        self.keep_rows = keep_rows
+        self.rows: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep_rows)
         self.state = None
         self.update = 0
         self.start_update = 0
         self.stop_reason: str | None = None
-        self._t_start = time.perf_counter()
+        self.clock_origin = clock_origin
+        self._t_start, self._t_end = time.perf_counter(), None
+        self.compiled_seconds = 0.0  # inside compiled chunks (this loop)
+        self.compiled_updates = 0  # updates those chunks ran (rewound ones included)
+        self.chunk: tuple[int, int, float] | None = None  # (first, count, start) while one runs
         self._rewound = False
 
     # -- hooks and control --------------------------------------------------------------------
@@ -111,36 +140,62 @@ class Loop:
         """Continue from ``state`` after ``update`` (<= the current update); skips the rest of
         this chunk's hooks and forgets the rows after ``update``."""
         self.state, self.update, self._rewound = state, update, True
-        self.rows = [r for r in self.rows if r["update"] <= update]
+        kept = (r for r in self.rows if r["update"] <= update)
+        self.rows = collections.deque(kept, maxlen=self.keep_rows)
 
     # -- running ------------------------------------------------------------------------------
-    def steps_per_second(self) -> float:
-        """Environment steps (all seeds) per second since ``run`` started."""
+    def env_steps_done(self) -> int:
+        """Environment steps (all seeds) of this loop's updates so far."""
         seeds = self.sharded.num_seeds
-        steps = (self.update - self.start_update) * self.env_steps_per_update * seeds
-        return steps / max(time.perf_counter() - self._t_start, 1e-9)
+        return (self.update - self.start_update) * self.env_steps_per_update * seeds
+
+    def wall_seconds(self) -> float:
+        """Seconds since ``run`` started (to its end, once it has returned)."""
+        return (self._t_end or time.perf_counter()) - self._t_start
+
+    def steps_per_second(self) -> float:
+        """Wall-clock throughput: env steps (all seeds) / seconds since ``run`` started."""
+        return self.env_steps_done() / max(self.wall_seconds(), 1e-9)
+
+    def compiled_steps_per_second(self) -> float:
+        """Compiled-loop throughput: env steps (all seeds) / seconds inside compiled chunks."""
+        steps = self.compiled_updates * self.env_steps_per_update * self.sharded.num_seeds
+        return steps / self.compiled_seconds if self.compiled_seconds > 0 else 0.0
+
+    def seconds_per_update(self) -> float | None:
+        """Measured seconds of one update inside a compiled chunk (None before the first)."""
+        return self.compiled_seconds / self.compiled_updates if self.compiled_updates else None
 
     def run(self, state, start: int = 0):
         """Run updates ``start .. num_updates`` (or until a stop request); the final state."""
         self.state, self.update, self.start_update = state, start, start
-        self._t_start = time.perf_counter()
+        self._t_start, self._t_end = time.perf_counter(), None
+        if self.clock_origin is None:
+            self.clock_origin = self._t_start
         while self.update < self.num_updates and self.stop_reason is None:
             first = self.update
             count = min(self.sharded.chunk_size, self.num_updates - first)
+            t0 = time.perf_counter()
+            self.chunk = (first, count, t0)
             self.state, metrics = self.sharded.run_chunk(self.state, count)
             metrics = jax.tree.map(lambda m, n=count: to_host(m)[:n], metrics)  # waits
-            self.update = first + count
+            self.compiled_seconds += time.perf_counter() - t0
+            self.compiled_updates += count
+            self.update, self.chunk = first + count, None
             info = ChunkInfo(
                 self, first, self.update, metrics, self._rows(metrics, first),
                 at_end=self.update >= self.num_updates,
             )  # fmt: skip
             self._run_hooks(info)
+        self._t_end = time.perf_counter()
         return self.state
 
     def _run_hooks(self, info: ChunkInfo) -> None:
         self._rewound = False
         fired = set()
         for index, hook in enumerate(list(self.hooks)):
+            if self.stop_reason is not None:  # requested by an earlier hook: this is the end
+                info.at_end, info.stop_reason = True, self.stop_reason
             if hook.fires(info.first_update, info.update) or (hook.at_end and info.at_end):
                 fired.add(index)
                 hook.fn(info)
@@ -156,9 +211,13 @@ class Loop:
     def _rows(self, metrics, first_update: int) -> list[dict[str, Any]]:
         seeds = self.sharded.num_seeds
         rows = []
+        now = {
+            "wall_time": time.perf_counter() - self.clock_origin,
+            "steps_per_second": self.steps_per_second(),
+        }
         for i in range(len(metrics["episode_return"])):
             update = first_update + i + 1
-            row = {"update": update, "env_steps": update * self.env_steps_per_update}
+            row = {"update": update, "env_steps": update * self.env_steps_per_update, **now}
             for name, values in metrics.items():
                 value = np.asarray(values[i])
                 row[name] = value.mean() if seeds > 1 else value

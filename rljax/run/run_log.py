@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rljax.errors import RunWriteError, describe_os_error
+from rljax.run.plots import plot_learning_curve  # noqa: F401  (moved; still importable here)
 
 _RLJAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -259,31 +260,3 @@ def scan_metrics(path: str | Path) -> tuple[list[dict[str, Any]], int]:
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a ``metrics.jsonl`` (damaged lines skipped: see ``scan_metrics``)."""
     return scan_metrics(path)[0]
-
-
-def plot_learning_curve(metrics_path: str | Path, out_path: str | Path, title: str = "") -> Path:
-    """Episode return against environment steps: seed mean, with a min-max band over seeds."""
-    # A Figure without pyplot: no global backend switch (notebooks keep inline plots).
-    from matplotlib.figure import Figure
-
-    rows = [r for r in read_metrics(metrics_path) if r.get("episodes", 0)]
-    fig = Figure(figsize=(6, 4))
-    ax = fig.subplots()
-    if rows:
-        steps = np.array([r["env_steps"] for r in rows])
-        ax.plot(steps, [r["episode_return"] for r in rows], label="training (mean over seeds)")
-        if "episode_return_per_seed" in rows[0]:
-            per_seed = np.array([r["episode_return_per_seed"] for r in rows], dtype=float)
-            ax.fill_between(steps, per_seed.min(1), per_seed.max(1), alpha=0.25, label="min-max")
-        evals = [r for r in rows if r.get("eval_return") is not None]
-        if evals:
-            eval_steps = [r["env_steps"] for r in evals]
-            ax.plot(eval_steps, [r["eval_return"] for r in evals], "o-", ms=3, label="evaluation")
-        ax.legend()
-    ax.set_xlabel("environment steps")
-    ax.set_ylabel("episode return")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
-    return Path(out_path)

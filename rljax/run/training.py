@@ -21,6 +21,11 @@ hooks: ``train(..., hooks=[Hook(fn, every=10), fn, ...])`` (a plain function run
   ``interrupted=True`` after printing how to resume. Before the first chunk (compiling,
   restoring) they raise ``Interrupted`` (a ``KeyboardInterrupt``) and a fresh run's directory is
   removed; a resumed run's is kept.
+* Output (``rljax.run.progress``): a line as compiling starts and one when it ends, a progress
+  line per chunk with steps/s and an ETA (a ticker estimates it during long chunks), then a final
+  evaluation (when evaluation is on, also after a stop) and a closing summary: wall and compile
+  time, both throughputs, final training and evaluation returns, where every file is. The same
+  figures are ``TrainResult.summary`` and ``<run_dir>/summary.json``.
 * The run directory (``rljax.run.run_dir``): a fresh run never modifies an existing one
   (``ConfigError``; ``overwrite=True`` replaces it after validation), ``run.lock`` keeps a second
   run or resume out while this one is alive, and is released on every exit path.
@@ -31,7 +36,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +52,8 @@ from rljax.run import memory
 from rljax.run.config import RunConfig
 from rljax.run.evaluation import Evaluation
 from rljax.run.loop import Loop
+from rljax.run.plots import plot_learning_curve
+from rljax.run.progress import Console, Progress, format_summary, run_summary, write_summary
 from rljax.run.resume import (
     check_compatible,
     describe_changes,
@@ -54,7 +63,7 @@ from rljax.run.resume import (
     resume_record,
 )
 from rljax.run.run_dir import RunDirectory, safe_name
-from rljax.run.run_log import NullRunLog, RunLog, default_run_name, plot_learning_curve
+from rljax.run.run_log import NullRunLog, RunLog, default_run_name, read_metrics
 from rljax.run.sharded import (
     ShardedRun,
     algorithm_name,
@@ -66,8 +75,15 @@ from rljax.run.sharded import (
 
 @dataclasses.dataclass
 class TrainResult:
+    """What ``train`` returns. Throughput (env steps of all seeds, one definition each, the same
+    as the console, ``metrics.jsonl`` and ``summary.json``): ``steps_per_second`` is wall clock
+    (seconds since the loop started, host work included), ``compiled_steps_per_second`` counts
+    only the seconds inside compiled chunks. ``summary``: the closing figures (also in
+    ``<run_dir>/summary.json``); ``metrics``: this call's rows (a resumed run: from the resumed
+    update on), read from ``metrics.jsonl`` on each access, so the loop itself keeps only the
+    last rows (``recent_rows``) and its memory stays flat however long the run."""
+
     state: Any
-    metrics: list[dict[str, Any]]  # rows of this call (a resumed run: from the resumed update on)
     run_dir: Path
     compile_seconds: dict[str, float]
     steps_per_second: float
@@ -75,6 +91,19 @@ class TrainResult:
     interrupted: bool = False
     resumed_from: int | None = None
     rollbacks: int = 0
+    compiled_steps_per_second: float = 0.0
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metrics_path: Path | None = None
+    recent_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """One dict per update of this call (from ``metrics.jsonl``; a process that writes no
+        log: the retained ``recent_rows``)."""
+        if self.metrics_path is None or not Path(self.metrics_path).exists():
+            return list(self.recent_rows)
+        first = self.resumed_from or 0
+        return [r for r in read_metrics(self.metrics_path) if r.get("update", 0) > first]
 
 
 class Session:
@@ -317,7 +346,12 @@ def _sigterm_interrupts():
 
 
 def _train(s: Session, user_hooks) -> TrainResult:
+    t_begin = time.perf_counter()
     run, cfg, say = s.run, s.config, s.say
+    printing = s.primary and not run.logging.quiet
+    console = Console(s.say if printing else None, tty=s.say is print and sys.stdout.isatty())
+    if printing:  # every message through the console: it clears a redrawn status line first
+        s.say = say = console.line
     say(
         f"rljax {s.name} on {cfg.env}: mesh {mesh_spec_of(s.mesh)} ({jax.default_backend()}, "
         f"{jax.process_count()} process(es)), {run.num_seeds} seed(s), {cfg.num_updates} updates "
@@ -325,12 +359,15 @@ def _train(s: Session, user_hooks) -> TrainResult:
     )
     resume = run.checkpointing.resume  # Session.open found a checkpoint to resume from
     key = jax.random.key(run.seed)
-    s.sharded.compile(key)
-    if s.evaluation is not None:
-        s.sharded.compile_seconds["eval"] = s.evaluation.compile(key)
-    say(f"compiled in {sum(s.sharded.compile_seconds.values()):.1f} s")
+    what = f"the update chunk ({s.sharded.chunk_size} updates)"
+    with console.compiling(what + (" and the evaluation" if s.evaluation is not None else "")):
+        s.sharded.compile(key)
+        if s.evaluation is not None:
+            s.sharded.compile_seconds["eval"] = s.evaluation.compile(key)
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in s.sharded.compile_seconds.items())
+    console.line(f"compiled in {sum(s.sharded.compile_seconds.values()):.1f} s ({parts})")
 
-    loop = Loop(s.sharded, cfg.num_updates, cfg.env_steps_per_update)
+    loop = Loop(s.sharded, cfg.num_updates, cfg.env_steps_per_update, clock_origin=t_begin)
     guard = builtin.NonFiniteGuard(s)
     signals = builtin.StopSignals()
     loop.add_hook(guard)
@@ -340,13 +377,14 @@ def _train(s: Session, user_hooks) -> TrainResult:
         s.log.write_extra("communication", comm)
         say("communication per optimizer step per device (bytes): " + describe(comm))
         loop.add_hook(builtin.comm_bytes(comm))
-    if s.evaluation is not None:
-        loop.add_hook(builtin.evaluate(s.evaluation), every=run.evaluation.eval_every)
+    if s.evaluation is not None:  # also at the end: the last row is evaluated
+        loop.add_hook(builtin.evaluate(s.evaluation), every=run.evaluation.eval_every, at_end=True)
     loop.add_hook(builtin.log_metrics(s.log))
-    loop.add_hook(builtin.Progress(say))
     loop.add_hook(builtin.poll_checkpoints(s.ckpt))
     every = run.checkpointing.checkpoint_every
     loop.add_hook(builtin.SaveCheckpoint(s), every=every, at_end=True)
+    progress = Progress(console, loop)  # after the save: its steps/s includes that host work
+    loop.add_hook(progress)
     for hook in user_hooks:
         loop.add_hook(hook)
 
@@ -359,7 +397,7 @@ def _train(s: Session, user_hooks) -> TrainResult:
     else:
         done, state = 0, s.sharded.init(key)
     s.started = True  # from here SIGINT/SIGTERM finish the chunk and save (StopSignals)
-    with signals:  # also over the last save: a late signal must not split the processes
+    with signals, progress:  # also over the last save: a late signal must not split the processes
         state = loop.run(state, start=done)
         s.ckpt.wait()
     if loop.stop_reason is not None:
@@ -367,12 +405,29 @@ def _train(s: Session, user_hooks) -> TrainResult:
             f"{loop.stop_reason}: stopped after update {loop.update}/{cfg.num_updates}; "
             f"checkpoint saved in {s.ckpt.directory}. Resume with:\n  {s.resume_command()}"
         )
+    files = {}
     if s.primary:
         plot_learning_curve(s.log.metrics_path, s.log.plot_path, f"{s.name} {cfg.env}")
-        say(f"wrote {s.log.config_path}\n      {s.log.metrics_path}\n      {s.log.plot_path}")
+        files = {
+            "config": s.log.config_path,
+            "metrics": s.log.metrics_path,
+            "learning curve": s.log.plot_path,
+            "summary": s.run_dir / "summary.json",
+            "checkpoints": s.ckpt.directory,
+        }
+    summary = run_summary(
+        loop,
+        wall_seconds=time.perf_counter() - t_begin,
+        compile_seconds=s.sharded.compile_seconds,
+        evaluation=s.evaluation,
+        files=files,
+        stop_reason=loop.stop_reason,
+    )
+    if s.primary:
+        write_summary(s.run_dir / "summary.json", summary)
+    console.line(format_summary(summary))
     return TrainResult(
         state,
-        loop.rows,
         s.run_dir,
         s.sharded.compile_seconds,
         loop.steps_per_second(),
@@ -380,4 +435,8 @@ def _train(s: Session, user_hooks) -> TrainResult:
         interrupted=loop.stop_reason is not None,
         resumed_from=resumed_from,
         rollbacks=guard.rollbacks,
+        compiled_steps_per_second=loop.compiled_steps_per_second(),
+        summary=summary,
+        metrics_path=s.log.metrics_path if s.primary else None,
+        recent_rows=list(loop.rows),
     )

@@ -1,6 +1,7 @@
 """Greedy evaluation on separate environments."""
 
 import jax
+import numpy as np
 
 from rljax import PPO, PPOConfig
 from rljax.run.evaluation import Evaluator
@@ -14,6 +15,8 @@ def test_evaluation_is_deterministic_and_separate_from_training():
     evaluate = jax.jit(Evaluator(ppo, num_envs=4))
     first = evaluate(state.params, jax.random.key(1))
     second = evaluate(state.params, jax.random.key(1))
-    assert {k: float(v) for k, v in first.items()} == {k: float(v) for k, v in second.items()}
+    assert all(np.array_equal(first[k], second[k]) for k in first)
+    assert first["eval_episode_returns"].shape == (4,)  # one return per episode
+    assert float(first["eval_return"]) == float(first["eval_episode_returns"].mean())
     assert float(first["eval_finished"]) == 1.0  # every environment ended its episode
     assert 5 <= float(first["eval_return"]) <= 500

@@ -3,6 +3,8 @@
 A stand-in for ShardedRun (numpy "updates", nothing compiled) keeps these instant; train() with
 real hooks: tests/run/test_training.py, test_resume.py, test_run_log.py."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -109,3 +111,50 @@ def test_replace_state_and_first_hooks_run_before_the_others():
 def test_every_must_be_positive():
     with pytest.raises(ValueError, match="every must be >= 1"):
         Loop(CountingRun(1), 1).add_hook(print, every=0)
+
+
+class SlowRun(CountingRun):
+    """Each chunk blocks ``seconds`` (a long compiled call)."""
+
+    def __init__(self, chunk_size: int, seconds: float, num_seeds: int = 1):
+        super().__init__(chunk_size, num_seeds)
+        self.seconds = seconds
+
+    def run_chunk(self, state, count):
+        time.sleep(self.seconds)
+        return super().run_chunk(state, count)
+
+
+def test_loop_memory_is_bounded_to_the_last_rows():
+    loop = Loop(CountingRun(chunk_size=7), num_updates=5000, keep_rows=50)
+    held = []
+    loop.add_hook(lambda info: held.append(len(info.loop.rows)))
+    loop.run(0)
+    assert len(held) == 715 and max(held) <= 50  # 5000 updates, never more than 50 rows held
+    assert [r["update"] for r in loop.rows] == list(range(4951, 5001))
+
+
+def test_rows_carry_wall_time_and_steps_per_second_and_both_throughputs_are_defined_once():
+    loop = Loop(SlowRun(chunk_size=2, seconds=0.05, num_seeds=2), 6, env_steps_per_update=10)
+    loop.add_hook(lambda info: time.sleep(0.1))  # host work: counts in wall clock only
+    loop.run(0)
+    assert [r["update"] for r in loop.rows] == list(range(1, 7))
+    times = [r["wall_time"] for r in loop.rows]
+    assert times == sorted(times) and times[0] >= 0.05
+    assert loop.env_steps_done() == 6 * 10 * 2  # all seeds
+    assert loop.compiled_steps_per_second() == pytest.approx(120 / loop.compiled_seconds)
+    assert loop.compiled_seconds >= 0.15 and loop.wall_seconds() >= loop.compiled_seconds + 0.3
+    assert loop.steps_per_second() == pytest.approx(120 / loop.wall_seconds(), rel=0.05)
+    assert loop.steps_per_second() < loop.compiled_steps_per_second()
+    assert loop.rows[-1]["steps_per_second"] >= loop.steps_per_second()  # before the last hook
+
+
+def test_a_stop_makes_later_at_end_hooks_run_in_the_same_pass():
+    loop = Loop(CountingRun(chunk_size=2), num_updates=20)
+    calls = []
+    loop.add_hook(lambda info: info.update >= 4 and info.loop.request_stop("signal"))
+    loop.add_hook(lambda info: calls.append(("eval", info.update, info.at_end)), every=10,
+                  at_end=True)  # fmt: skip
+    loop.add_hook(lambda info: calls.append(("log", info.update, info.at_end)))
+    assert loop.run(0) == 4
+    assert calls[-2:] == [("eval", 4, True), ("log", 4, True)]  # evaluated before it is logged

@@ -11,6 +11,7 @@ import rljax
 from rljax import PPO, ConfigError, DQNConfig, PPOConfig, RunConfig, train
 from rljax.errors import TrainingError
 from rljax.run.checkpoint import Checkpointer
+from rljax.run.loop import Hook
 from rljax.run.run_log import read_metrics
 from rljax.run.sharded import ShardedRun, prepare
 
@@ -75,6 +76,55 @@ def test_sharded_run_builds_a_config_or_class_for_its_layout(mesh4):
     assert type(ShardedRun(KLPPO, mesh4, chunk_size=1).algo) is KLPPO
     with pytest.raises(ConfigError, match="num_envs=3 is not divisible"):
         ShardedRun(dataclasses.replace(SMALL_PPO, num_envs=3), mesh4)
+
+
+THREE = PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 3, num_minibatches=2)
+
+
+def test_a_run_prints_compile_lines_progress_and_a_closing_summary_and_evaluates_at_the_end(
+    tmp_path,
+):
+    lines = []
+    run = RunConfig.make(
+        runs_dir=str(tmp_path), run_name="r", log_every=2, eval_every=100, eval_episodes=4
+    )
+    result = train(THREE, run, progress=lines.append)
+    text = "\n".join(lines)
+    assert lines[1].startswith("compiling the update chunk (2 updates) and the evaluation")
+    compiled = next(line for line in lines if line.startswith("compiled in "))
+    assert "chunk" in compiled and "eval" in compiled  # ("still compiling" ticks may precede)
+    assert "  update      2/3" in text and "ETA" in text and "\r" not in text
+    rows = result.metrics  # read back from metrics.jsonl
+    assert [r["update"] for r in rows] == [1, 2, 3]
+    assert all(r["wall_time"] > 0 and r["steps_per_second"] > 0 for r in rows)
+    assert "eval_return" in rows[-1] and "eval_return_ci" in rows[-1]  # evaluated at the end
+    assert not any("eval_return" in r for r in rows[:-1])  # eval_every=100: only at the end
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary == json.loads(json.dumps(result.summary))
+    assert summary["steps_per_second"] == result.steps_per_second  # one figure everywhere
+    assert summary["compiled_steps_per_second"] == result.compiled_steps_per_second
+    assert result.compiled_steps_per_second > result.steps_per_second
+    assert summary["final_eval_return"]["episodes"] == 4
+    assert summary["final_eval_return"]["update"] == 3
+    assert summary["files"]["learning curve"] == str(tmp_path / "r" / "learning_curve.png")
+    done = lines.index(next(line for line in lines if line.startswith("done: 3/3 updates")))
+    assert f"{result.steps_per_second:,.0f} env steps/s wall clock" in lines[done]
+    assert "eval return" in lines[done] and str(tmp_path / "r" / "checkpoints") in lines[done]
+    assert (tmp_path / "r" / "learning_curve.png").stat().st_size > 1000
+
+
+def test_a_stopped_run_is_evaluated_before_it_ends_and_quiet_prints_nothing(tmp_path):
+    lines = []
+    run = RunConfig.make(
+        runs_dir=str(tmp_path), run_name="s", log_every=1, eval_every=100, eval_episodes=2,
+        quiet=True,
+    )  # fmt: skip
+    stop = lambda info: info.update == 2 and info.loop.request_stop("enough")  # noqa: E731
+    result = train(THREE, run, hooks=[Hook(stop, first=True)], progress=lines.append)
+    assert lines == [] and result.interrupted and result.updates_done == 2
+    rows = result.metrics
+    assert [r["update"] for r in rows] == [1, 2] and "eval_return" in rows[-1]
+    assert result.summary["stop_reason"] == "enough"
 
 
 def nan_priorities_at(update: int) -> rljax.Hook:
