@@ -24,6 +24,8 @@ class KLPPOConfig(PPOConfig):
 
 
 class KLPPO(PPO):
+    config_type = KLPPOConfig  # KLPPO (the class) builds KLPPOConfig() by default
+
     def loss(self, params, batch, hparams):
         loss, aux = super().loss(params, batch, hparams)
         penalty = self.config.kl_coef * aux["approx_kl"]
@@ -55,7 +57,7 @@ def test_a_config_picks_its_registered_algorithm_and_instances_are_rebuilt_for_t
     _, algo = prepare(KLPPO(SMALL), RunConfig.make(mesh="data=2,model=2"))
     assert type(algo) is KLPPO and algo.replicas == 2 and algo.config is SMALL
     _, algo = prepare(KLPPO, RunConfig.make(mesh="data=2"))
-    assert type(algo) is KLPPO and algo.config == PPOConfig()
+    assert type(algo) is KLPPO and algo.config == KLPPOConfig()
     _, algo = prepare(dataclasses.replace(PPOConfig(), num_envs=8), RunConfig())
     assert type(algo) is PPO
 
