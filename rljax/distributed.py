@@ -268,7 +268,7 @@ def initialize(cfg: DistributedConfig | None = None) -> bool:
         return True
     from rljax.run.config import check_num_devices
 
-    check_num_devices(cfg.num_cpu_devices, "num_cpu_devices")  # before JAX creates devices
+    check_num_devices(cfg.num_cpu_devices)  # --num-devices sets it; checked before JAX starts
     if cfg.num_cpu_devices is not None:
         set_num_cpu_devices(cfg.num_cpu_devices)
     if not cfg.auto:

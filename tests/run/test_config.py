@@ -147,5 +147,5 @@ def test_too_many_emulated_devices_is_one_error_before_jax_creates_them(tmp_path
     assert not runs.exists()
     from rljax.distributed import DistributedConfig, initialize
 
-    with pytest.raises(ConfigError, match=r"num_cpu_devices=100000 .* allowed are 1 to 1024"):
+    with pytest.raises(ConfigError, match=r"num_devices=100000 .* allowed are 1 to 1024"):
         initialize(DistributedConfig(num_cpu_devices=100000))
