@@ -51,19 +51,26 @@ LOSSES = {"actor_critic": actor_critic_loss, "dueling_q": q_loss}
 
 
 @functools.cache
-def boxed_params(name):
-    """The float32 network's initial parameters (compiled once per network: orthogonal
-    initialisers are slow to compile on CPU)."""
-    return jax.jit(NETWORKS[name].init)(jax.random.key(0), OBS)
+def initial(name):
+    """``(logical specs, params)`` of the float32 network: random parameters of the init's
+    shapes drawn on the host, scaled so that every activation is of order 1 (compiling the
+    orthogonal initialisers would take seconds per network on CPU)."""
+    abstract = jax.eval_shape(NETWORKS[name].init, jax.random.key(0), OBS)
+    rng = np.random.default_rng(0)
+
+    def draw(x):
+        scale = 1 / np.sqrt(x.shape[0]) if x.ndim == 2 else 0.1
+        return jnp.asarray(scale * rng.standard_normal(x.shape), jnp.float32)
+
+    return nn.get_partition_spec(abstract), jax.tree.map(draw, nn.meta.unbox(abstract))
 
 
 @functools.cache
 def reference(name):
-    """(net, boxed params, params, forward_and_grads, single-device outputs and gradients)."""
-    net, boxed = NETWORKS[name], boxed_params(name)
-    params = nn.meta.unbox(boxed)
+    """(net, logical specs, params, forward_and_grads, single-device outputs and gradients)."""
+    net, (specs, params) = NETWORKS[name], initial(name)
     forward_and_grads = forward_and_grads_of(net, LOSSES[name](net))
-    return net, boxed, params, forward_and_grads, *forward_and_grads(params, OBS)
+    return net, specs, params, forward_and_grads, *forward_and_grads(params, OBS)
 
 
 def forward_and_grads_of(net, loss):
@@ -84,9 +91,9 @@ def spec_of(array):
 def test_sharded_forward_and_gradients_equal_single_device(mesh4, name, fsdp):
     """data=2,model=2: tensor parallel over `model`; with `rules_with(embed="data")` also the
     stream-width axis of every parameter over `data` (FSDP-style), by the rules alone."""
-    net, boxed, params, forward_and_grads, outputs, grads = reference(name)
+    net, specs, params, forward_and_grads, outputs, grads = reference(name)
     layout = Layout(mesh4, rules_with(embed="data")) if fsdp else Layout(mesh4)
-    sharded = jax.device_put(params, layout.shardings(nn.get_partition_spec(boxed)))
+    sharded = jax.device_put(params, layout.shardings(specs))
     obs = jax.device_put(OBS, NamedSharding(mesh4, PartitionSpec("data")))
     with layout.active():
         sharded_outputs, sharded_grads = forward_and_grads(sharded, obs)
@@ -119,14 +126,14 @@ def test_bfloat16_compute_keeps_float32_parameters_and_outputs(name):
     chex.assert_trees_all_equal_shapes_and_dtypes(
         abstract16, jax.eval_shape(net32.init, jax.random.key(0), OBS)
     )
-    assert nn.get_partition_spec(abstract16) == nn.get_partition_spec(boxed_params(name))
+    assert nn.get_partition_spec(abstract16) == initial(name)[0]
     assert {leaf.dtype for leaf in jax.tree.leaves(abstract16)} == {jnp.dtype(jnp.float32)}
     # The matmuls run in bfloat16.
     jaxpr = jax.make_jaxpr(net16.apply)(abstract16, OBS).jaxpr
     dots = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "dot_general"]
     assert dots and all(eqn.invars[0].aval.dtype == jnp.bfloat16 for eqn in dots)
 
-    params = nn.meta.unbox(boxed_params(name))
+    params = initial(name)[1]
     out16, out32 = jax.jit(lambda p: (net16.apply(p, OBS), net32.apply(p, OBS)))(params)
     assert {leaf.dtype for leaf in jax.tree.leaves(out16)} == {jnp.dtype(jnp.float32)}
     # bfloat16 keeps 8 mantissa bits: outputs of order 1 agree to about 1e-2.
