@@ -26,7 +26,7 @@ from rljax.run.sharded import config_type_of
 
 GROUPS = {
     "algorithm": "the algorithm's hyperparameters",
-    "network": "network shapes",
+    "network": "network type, shapes and compute dtype",
     "parallelism": "devices, mesh and gradient synchronisation across data-parallel replicas",
     "run": "seeds, presets and what a non-finite value does",
     "checkpoints": "orbax checkpoints and resuming",
@@ -41,6 +41,11 @@ NETWORK_FIELDS = {
     "q_widths",
     "activation",
     "dueling",
+    "network",
+    "residual_width",
+    "residual_depth",
+    "residual_expansion",
+    "compute_dtype",
 }
 RUN_GROUPS = {
     "parallel": "parallelism",

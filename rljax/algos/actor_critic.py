@@ -13,6 +13,7 @@ from flax import struct
 from rljax.algos.base import Algorithm
 from rljax.envs import EnvBatch, Transition
 from rljax.networks import ActorCritic, distributions
+from rljax.networks.residual import ResidualActorCritic
 
 
 @struct.dataclass
@@ -75,16 +76,29 @@ def env_major(samples):
 
 class ActorCriticAlgorithm(Algorithm):
     """An ``Algorithm`` acting with ``ActorCritic`` (config fields ``actor_widths``,
-    ``critic_widths``, ``activation``, optionally ``torso_widths``) and a categorical policy."""
+    ``critic_widths``, ``activation``, optionally ``torso_widths``) or, with
+    ``network="residual"``, ``ResidualActorCritic`` (``residual_width/depth/expansion``), and a
+    categorical policy. Both have ``__call__`` and ``value`` and take ``compute_dtype``."""
 
-    def build_network(self) -> ActorCritic:
+    def build_network(self) -> ActorCritic | ResidualActorCritic:
         c = self.config
+        network, dtype = getattr(c, "network", "mlp"), getattr(c, "compute_dtype", "float32")
+        if network == "residual":
+            return ResidualActorCritic(
+                num_actions=self.env.spec.num_actions,
+                width=c.residual_width,
+                depth=c.residual_depth,
+                expansion=c.residual_expansion,
+                activation=c.activation,
+                compute_dtype=dtype,
+            )
         return ActorCritic(
             num_actions=self.env.spec.num_actions,
             actor_widths=c.actor_widths,
             critic_widths=c.critic_widths,
             torso_widths=getattr(c, "torso_widths", ()),
             activation=c.activation,
+            compute_dtype=dtype,
         )
 
     # -- acting -----------------------------------------------------------------------------------
@@ -93,7 +107,7 @@ class ActorCriticAlgorithm(Algorithm):
         return self.learner.apply(self.network.apply, params, obs)
 
     def value(self, params, obs: jax.Array) -> jax.Array:
-        apply = lambda p, o: self.network.apply(p, o, method=ActorCritic.value)  # noqa: E731
+        apply = lambda p, o: self.network.apply(p, o, method="value")  # noqa: E731
         return self.learner.apply(apply, params, obs)
 
     def eval_action(self, params, obs, key, greedy: bool = True) -> jax.Array:
@@ -115,4 +129,3 @@ class ActorCriticAlgorithm(Algorithm):
             return env, Rollout(transition, action, log_prob, value)
 
         return jax.lax.scan(step, env, jax.random.split(key, self.config.num_steps))
-

@@ -38,6 +38,7 @@ from rljax.envs import EnvBatch, check_env_name
 from rljax.errors import ConfigError
 from rljax.networks import QNetwork
 from rljax.networks.mlp import check_tensor_parallel
+from rljax.networks.residual import ResidualQNetwork, check_network
 from rljax.parallel.sync import SyncConfig, validate_sync
 
 
@@ -100,6 +101,19 @@ class DQNConfig:
     """Q-network hidden widths; even layers column-split, odd row-split over `model`."""
     activation: Literal["tanh", "relu", "gelu", "silu"] = "relu"
     """hidden-layer nonlinearity."""
+    network: Literal["mlp", "residual"] = "mlp"
+    """mlp: the tensor-parallel MLP (the *_widths fields); residual: a SimBa-style residual MLP
+    (the residual_* fields)."""
+    residual_width: int = 256
+    """network=residual: width of the residual stream (the linear embedding's output)."""
+    residual_depth: int = 2
+    """network=residual: pre-LayerNorm residual feed-forward blocks per tower (>= 1)."""
+    residual_expansion: int = 4
+    """network=residual: a block's hidden width is residual_width * residual_expansion, split over
+    the model axis."""
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of the network's matmuls; parameters, optimizer state, outputs and losses stay
+    float32."""
     sync: SyncConfig = SyncConfig()
     """gradient synchronisation across the data axis (rljax.parallel.sync)."""
 
@@ -239,15 +253,28 @@ class DQN(Algorithm):
                 f"{c.n_step * c.num_envs} so that whole n-step windows exist before sampling"
             )
         validate_sync(c.sync)
-        check_tensor_parallel({"q": c.q_widths}, mlp_shards)
+        check_network(c, mlp_shards)
+        if c.network == "mlp":
+            check_tensor_parallel({"q": c.q_widths}, mlp_shards)
 
-    def build_network(self) -> QNetwork:
+    def build_network(self) -> QNetwork | ResidualQNetwork:
         c = self.config
+        if c.network == "residual":
+            return ResidualQNetwork(
+                num_actions=self.env.spec.num_actions,
+                width=c.residual_width,
+                depth=c.residual_depth,
+                expansion=c.residual_expansion,
+                activation=c.activation,
+                dueling=c.dueling,
+                compute_dtype=c.compute_dtype,
+            )
         return QNetwork(
             num_actions=self.env.spec.num_actions,
             widths=c.q_widths,
             activation=c.activation,
             dueling=c.dueling,
+            compute_dtype=c.compute_dtype,
         )
 
     def build_optimizer(self):

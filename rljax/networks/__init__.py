@@ -8,12 +8,16 @@ from rljax.networks.mlp import (
     QNetwork,
     check_tensor_parallel,
 )
+from rljax.networks.residual import ResidualActorCritic, ResidualQNetwork, ResidualTower
 
 __all__ = [
     "ACTIVATIONS",
     "ActorCritic",
     "MLPTower",
     "QNetwork",
+    "ResidualActorCritic",
+    "ResidualQNetwork",
+    "ResidualTower",
     "check_tensor_parallel",
     "distributions",
 ]

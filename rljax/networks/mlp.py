@@ -11,6 +11,7 @@ and is row-split as well.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -21,11 +22,22 @@ from rljax.errors import ConfigError
 from rljax.parallel.rules import constrain
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu, "silu": nn.silu}
+# compute_dtype -> Flax ``dtype=`` of the matmuls (None: inferred, float32). Parameters stay
+# float32 (``param_dtype``) either way.
+COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 
 
-def dense(features, kernel_axes, bias_axes, scale, name, init="orthogonal"):
+def compute_dtype_of(name: str) -> Any:
+    """``"float32"`` / ``"bfloat16"`` -> the ``dtype=`` of Flax layers."""
+    if name not in COMPUTE_DTYPES:
+        raise ConfigError(f"compute_dtype must be one of {list(COMPUTE_DTYPES)}, got {name!r}")
+    return COMPUTE_DTYPES[name]
+
+
+def dense(features, kernel_axes, bias_axes, scale, name, init="orthogonal", dtype=None):
     """``init``: "orthogonal" with gain ``scale`` (PPO practice) or "lecun" (LeCun normal, Flax
-    ``nn.Dense``'s default, what DQN implementations use; ``scale`` ignored)."""
+    ``nn.Dense``'s default, what DQN implementations use; ``scale`` ignored). ``dtype``: of the
+    matmul (None: float32); the parameters are float32."""
     if init == "orthogonal":
         kernel = nn.initializers.orthogonal(scale)
     else:
@@ -34,6 +46,8 @@ def dense(features, kernel_axes, bias_axes, scale, name, init="orthogonal"):
         features,
         kernel_init=nn.with_logical_partitioning(kernel, kernel_axes),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), bias_axes),
+        dtype=dtype,
+        param_dtype=jnp.float32,
         name=name,
     )
 
@@ -61,26 +75,45 @@ class MLPTower(nn.Module):
     widths: Sequence[int]
     activation: str = "tanh"
     initializer: str = "orthogonal"
+    dtype: Any = None  # of the matmuls and activations (None: float32)
 
     @nn.compact
     def __call__(self, x):
         act = ACTIVATIONS[self.activation]
         for i, width in enumerate(self.widths):
             kernel_axes, bias_axes = layer_axes(i)
-            layer = dense(width, kernel_axes, bias_axes, np.sqrt(2), f"dense_{i}", self.initializer)
+            layer = dense(
+                width,
+                kernel_axes,
+                bias_axes,
+                np.sqrt(2),
+                f"dense_{i}",
+                self.initializer,
+                self.dtype,
+            )
             x = act(layer(x))
             x = constrain(x, "batch", activation_axis(bias_axes[0]))
         return x
 
 
-def head(features: int, in_axis: str, out_axis: str, scale: float, name: str, init="orthogonal"):
-    return dense(features, (in_axis, out_axis), (out_axis,), scale, name, init)
+def head(
+    features: int,
+    in_axis: str,
+    out_axis: str,
+    scale: float,
+    name: str,
+    init="orthogonal",
+    dtype=None,
+):
+    """An output layer; callers cast its output to float32 (logits, values and Q-values are
+    float32 whatever the compute dtype)."""
+    return dense(features, (in_axis, out_axis), (out_axis,), scale, name, init, dtype)
 
 
 class ActorCritic(nn.Module):
     """Separate actor and critic towers over an optional shared torso.
 
-    ``obs: [B@data, D]`` -> ``(logits: [B@data, A], value: [B@data])``.
+    ``obs: [B@data, D]`` -> ``(logits: [B@data, A], value: [B@data])``, both float32.
     """
 
     num_actions: int
@@ -88,16 +121,20 @@ class ActorCritic(nn.Module):
     critic_widths: Sequence[int] = (64, 64)
     torso_widths: Sequence[int] = ()
     activation: str = "tanh"
+    compute_dtype: str = "float32"  # of the matmuls; parameters and outputs stay float32
 
     def setup(self):
-        self.torso = MLPTower(self.torso_widths, self.activation)
-        self.actor = MLPTower(self.actor_widths, self.activation)
-        self.critic = MLPTower(self.critic_widths, self.activation)
+        dtype = compute_dtype_of(self.compute_dtype)
+        self.torso = MLPTower(self.torso_widths, self.activation, dtype=dtype)
+        self.actor = MLPTower(self.actor_widths, self.activation, dtype=dtype)
+        self.critic = MLPTower(self.critic_widths, self.activation, dtype=dtype)
         # The towers restart the column/row alternation, so the torso must end replicated.
+        actor_out = output_axis(len(self.actor_widths))
+        critic_out = output_axis(len(self.critic_widths))
         self.policy_head = head(
-            self.num_actions, output_axis(len(self.actor_widths)), "actions", 0.01, "policy_head"
+            self.num_actions, actor_out, "actions", 0.01, "policy_head", dtype=dtype
         )
-        self.value_head = head(1, output_axis(len(self.critic_widths)), "value", 1.0, "value_head")
+        self.value_head = head(1, critic_out, "value", 1.0, "value_head", dtype=dtype)
 
     def _features(self, obs):
         x = constrain(obs.reshape(obs.shape[0], -1), "batch", "activation_embed")
@@ -108,10 +145,11 @@ class ActorCritic(nn.Module):
         return self._logits(x), self._value(x)
 
     def _logits(self, x):
-        return constrain(self.policy_head(self.actor(x)), "batch", "activation_actions")
+        logits = self.policy_head(self.actor(x)).astype(jnp.float32)
+        return constrain(logits, "batch", "activation_actions")
 
     def _value(self, x):
-        return constrain(self.value_head(self.critic(x))[:, 0], "batch")
+        return constrain(self.value_head(self.critic(x))[:, 0].astype(jnp.float32), "batch")
 
     def value(self, obs):
         """Critic only: ``obs: [B@data, D]`` -> ``[B@data]``."""
@@ -121,8 +159,8 @@ class ActorCritic(nn.Module):
 class QNetwork(nn.Module):
     """Action values from one tensor-parallel tower; optionally dueling.
 
-    ``obs: [B@data, D]`` -> ``q: [B@data, A]``. Dueling: ``Q = V + A - mean_a A`` from a value and
-    an advantage head on the same tower.
+    ``obs: [B@data, D]`` -> ``q: [B@data, A]`` float32. Dueling: ``Q = V + A - mean_a A`` from a
+    value and an advantage head on the same tower.
     """
 
     num_actions: int
@@ -130,19 +168,27 @@ class QNetwork(nn.Module):
     activation: str = "relu"
     dueling: bool = False
     initializer: str = "lecun"
+    compute_dtype: str = "float32"  # of the matmuls; parameters and Q-values stay float32
 
     @nn.compact
     def __call__(self, obs):
+        dtype = compute_dtype_of(self.compute_dtype)
         x = constrain(obs.reshape(obs.shape[0], -1), "batch", "activation_embed")
-        x = MLPTower(self.widths, self.activation, self.initializer, name="tower")(x)
+        x = MLPTower(self.widths, self.activation, self.initializer, dtype, name="tower")(x)
         in_axis = output_axis(len(self.widths))
-        advantage = head(self.num_actions, in_axis, "actions", 1.0, "q_head", self.initializer)(x)
-        advantage = constrain(advantage, "batch", "activation_actions")
-        if not self.dueling:
-            return advantage
-        value = head(1, in_axis, "value", 1.0, "value_head", self.initializer)(x)
-        value = constrain(value, "batch", None)
-        return value + advantage - advantage.mean(axis=-1, keepdims=True)
+        return q_heads(x, in_axis, self.num_actions, self.dueling, self.initializer, dtype)
+
+
+def q_heads(x, in_axis: str, num_actions: int, dueling: bool, init: str, dtype):
+    """Q-values ``[B@data, A]`` float32 from features ``x`` laid out on ``in_axis`` (call inside a
+    compact module): one advantage head, plus a value head when dueling."""
+    advantage = head(num_actions, in_axis, "actions", 1.0, "q_head", init, dtype)(x)
+    advantage = constrain(advantage.astype(jnp.float32), "batch", "activation_actions")
+    if not dueling:
+        return advantage
+    value = head(1, in_axis, "value", 1.0, "value_head", init, dtype)(x).astype(jnp.float32)
+    value = constrain(value, "batch", None)
+    return value + advantage - advantage.mean(axis=-1, keepdims=True)
 
 
 def check_tensor_parallel(name_to_widths: dict[str, Sequence[int]], model_size: int) -> None:
