@@ -43,3 +43,18 @@ def describe_os_error(error: BaseException) -> str:
         return f"{os.strerror(number)} (errno {number})"
     first = text.splitlines()[0] if text else type(error).__name__
     return first if len(first) <= 300 else first[:297] + "..."
+
+
+_RLJAX_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_from_caller(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` attributed to the first caller outside rljax, so the warning shows the
+    user's line (or none), never rljax's source."""
+    import sys
+    import warnings
+
+    frame, level = sys._getframe(0), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_RLJAX_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

@@ -30,12 +30,12 @@ from rljax.algos.base import adam, check_divisible, episode_metrics, resumable, 
 from rljax.envs import check_env_name
 from rljax.errors import ConfigError
 from rljax.networks import check_tensor_parallel, distributions
-from rljax.networks.residual import check_network
+from rljax.networks.residual import NetworkSettings, check_network
 from rljax.parallel.sync import SyncConfig, validate_sync
 
 
 @dataclasses.dataclass(frozen=True)
-class A2CConfig:
+class A2CConfig(NetworkSettings):
     """A2C hyperparameters (defaults: tuned to solve CartPole-v1 in ~250k steps)."""
 
     env: str = "CartPole-v1"
@@ -66,19 +66,6 @@ class A2CConfig:
     """critic hidden widths."""
     activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
     """hidden-layer nonlinearity."""
-    network: Literal["mlp", "residual"] = "mlp"
-    """mlp: the tensor-parallel MLP (the *_widths fields); residual: a SimBa-style residual MLP
-    (the residual_* fields)."""
-    residual_width: int = 256
-    """network=residual: width of the residual stream (the linear embedding's output)."""
-    residual_depth: int = 2
-    """network=residual: pre-LayerNorm residual feed-forward blocks per tower (>= 1)."""
-    residual_expansion: int = 4
-    """network=residual: a block's hidden width is residual_width * residual_expansion, split over
-    the model axis."""
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of the network's matmuls; parameters, optimizer state, outputs and losses stay
-    float32."""
     sync: SyncConfig = SyncConfig()
     """gradient synchronisation across data-parallel replicas (rljax.parallel.sync)."""
 

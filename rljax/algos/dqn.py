@@ -38,12 +38,12 @@ from rljax.envs import EnvBatch, check_env_name
 from rljax.errors import ConfigError
 from rljax.networks import QNetwork
 from rljax.networks.mlp import check_tensor_parallel
-from rljax.networks.residual import ResidualQNetwork, check_network
+from rljax.networks.residual import NetworkSettings, ResidualQNetwork, check_network
 from rljax.parallel.sync import SyncConfig, validate_sync
 
 
 @dataclasses.dataclass(frozen=True)
-class DQNConfig:
+class DQNConfig(NetworkSettings):
     """DQN hyperparameters (defaults: PureJaxRL's CartPole DQN)."""
 
     env: str = "CartPole-v1"
@@ -101,19 +101,6 @@ class DQNConfig:
     """Q-network hidden widths; even layers column-split, odd row-split over `model`."""
     activation: Literal["tanh", "relu", "gelu", "silu"] = "relu"
     """hidden-layer nonlinearity."""
-    network: Literal["mlp", "residual"] = "mlp"
-    """mlp: the tensor-parallel MLP (the *_widths fields); residual: a SimBa-style residual MLP
-    (the residual_* fields)."""
-    residual_width: int = 256
-    """network=residual: width of the residual stream (the linear embedding's output)."""
-    residual_depth: int = 2
-    """network=residual: pre-LayerNorm residual feed-forward blocks per tower (>= 1)."""
-    residual_expansion: int = 4
-    """network=residual: a block's hidden width is residual_width * residual_expansion, split over
-    the model axis."""
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of the network's matmuls; parameters, optimizer state, outputs and losses stay
-    float32."""
     sync: SyncConfig = SyncConfig()
     """gradient synchronisation across the data axis (rljax.parallel.sync)."""
 

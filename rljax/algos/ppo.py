@@ -39,13 +39,13 @@ from rljax.envs import check_env_name
 from rljax.errors import ConfigError
 from rljax.networks import distributions
 from rljax.networks.mlp import check_tensor_parallel, check_torso
-from rljax.networks.residual import check_network
+from rljax.networks.residual import NetworkSettings, check_network
 from rljax.parallel.rules import constrain
 from rljax.parallel.sync import SyncConfig, validate_sync
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOConfig:
+class PPOConfig(NetworkSettings):
     """PPO hyperparameters (defaults: PureJaxRL's CartPole settings)."""
 
     env: str = "CartPole-v1"
@@ -86,19 +86,6 @@ class PPOConfig:
     """shared layers before both towers (an even number of layers)."""
     activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
     """hidden-layer nonlinearity."""
-    network: Literal["mlp", "residual"] = "mlp"
-    """mlp: the tensor-parallel MLP (the *_widths fields); residual: a SimBa-style residual MLP
-    (the residual_* fields)."""
-    residual_width: int = 256
-    """network=residual: width of the residual stream (the linear embedding's output)."""
-    residual_depth: int = 2
-    """network=residual: pre-LayerNorm residual feed-forward blocks per tower (>= 1)."""
-    residual_expansion: int = 4
-    """network=residual: a block's hidden width is residual_width * residual_expansion, split over
-    the model axis."""
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of the network's matmuls; parameters, optimizer state, outputs and losses stay
-    float32."""
     sync: SyncConfig = SyncConfig()
     """gradient synchronisation across data-parallel replicas (rljax.parallel.sync)."""
 

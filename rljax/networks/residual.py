@@ -15,7 +15,8 @@ float32.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Literal
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -156,6 +157,25 @@ class ResidualQNetwork(nn.Module):
             name="tower",
         )(obs)
         return q_heads(x, "embed", self.num_actions, self.dueling, self.initializer, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkSettings:
+    """The network fields shared by the algorithm configs (PPO, A2C, DQN inherit them)."""
+
+    network: Literal["mlp", "residual"] = "mlp"
+    """mlp: the tensor-parallel MLP (the *_widths fields); residual: a SimBa-style residual MLP
+    (the residual_* fields)."""
+    residual_width: int = 256
+    """network=residual: width of the residual stream (the linear embedding's output)."""
+    residual_depth: int = 2
+    """network=residual: pre-LayerNorm residual feed-forward blocks per tower (>= 1)."""
+    residual_expansion: int = 4
+    """network=residual: a block's hidden width is residual_width * residual_expansion, split over
+    the model axis."""
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of the network's matmuls; parameters, optimizer state, outputs and losses stay
+    float32."""
 
 
 def check_network(config, mlp_shards: int) -> None:

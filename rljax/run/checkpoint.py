@@ -15,10 +15,7 @@ every process sees (local or network-mounted).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from rljax.errors import RunWriteError, TrainingError, describe_os_error
+from rljax.errors import RunWriteError, TrainingError, describe_os_error, warn_from_caller
 from rljax.run import integrity
 from rljax.run.integrity import FORMAT_VERSION, MANIFEST_NAME, agree, is_primary, is_prng_key
 
@@ -42,7 +39,6 @@ __all__ = [
 ]
 
 _ITEM_STATE, _ITEM_METADATA, _ITEM_LAYOUT = "state", "metadata", "layout"
-_RLJAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 class CheckpointError(TrainingError):
@@ -64,12 +60,7 @@ class CheckpointWarning(UserWarning):
 
 
 def _warn(message: str) -> None:
-    """Issue a ``CheckpointWarning`` attributed to the first caller outside rljax, so that the
-    warning shows the user's line (or none), never rljax's source."""
-    frame, level = sys._getframe(0), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_RLJAX_DIR):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, CheckpointWarning, stacklevel=level)
+    warn_from_caller(message, CheckpointWarning)
 
 
 integrity.quiet_orbax_save_errors()

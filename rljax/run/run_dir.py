@@ -31,17 +31,14 @@ import os
 import re
 import shutil
 import socket
-import sys
-import warnings
 from pathlib import Path
 
-from rljax.errors import ConfigError
+from rljax.errors import ConfigError, warn_from_caller
 
 LOCK_NAME = "run.lock"
 MAX_NAME_LENGTH = 128
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 SEED_LIMIT = 2**32
-_RLJAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class RunDirWarning(UserWarning):
@@ -49,11 +46,7 @@ class RunDirWarning(UserWarning):
 
 
 def _warn(message: str) -> None:
-    """A ``RunDirWarning`` attributed to the first caller outside rljax (one line)."""
-    frame, level = sys._getframe(0), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_RLJAX_DIR):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, RunDirWarning, stacklevel=level)
+    warn_from_caller(message, RunDirWarning)
 
 
 # -- checks before anything is written ------------------------------------------------------------

@@ -13,18 +13,14 @@ import datetime
 import json
 import math
 import os
-import sys
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rljax.errors import RunWriteError, describe_os_error
+from rljax.errors import RunWriteError, describe_os_error, warn_from_caller
 from rljax.run.plots import plot_learning_curve  # noqa: F401  (moved; still importable here)
-
-_RLJAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class RunLogWarning(UserWarning):
@@ -32,11 +28,7 @@ class RunLogWarning(UserWarning):
 
 
 def _warn(message: str) -> None:
-    """A ``RunLogWarning`` attributed to the first caller outside rljax (one line)."""
-    frame, level = sys._getframe(0), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_RLJAX_DIR):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, RunLogWarning, stacklevel=level)
+    warn_from_caller(message, RunLogWarning)
 
 
 def _jsonable(value):
