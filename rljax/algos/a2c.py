@@ -30,7 +30,7 @@ from rljax.algos.base import adam, check_divisible, episode_metrics, resumable, 
 from rljax.envs import check_env_name
 from rljax.errors import ConfigError
 from rljax.networks import check_tensor_parallel, distributions
-from rljax.networks.residual import NetworkSettings, check_network
+from rljax.networks.zoo import NetworkSettings, check_network
 from rljax.parallel.sync import SyncConfig, validate_sync
 
 

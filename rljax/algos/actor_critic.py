@@ -12,8 +12,7 @@ from flax import struct
 
 from rljax.algos.base import Algorithm
 from rljax.envs import EnvBatch, Transition
-from rljax.networks import ActorCritic, distributions
-from rljax.networks.residual import ResidualActorCritic
+from rljax.networks import distributions, zoo
 
 
 @struct.dataclass
@@ -80,26 +79,8 @@ class ActorCriticAlgorithm(Algorithm):
     ``network="residual"``, ``ResidualActorCritic`` (``residual_width/depth/expansion``), and a
     categorical policy. Both have ``__call__`` and ``value`` and take ``compute_dtype``."""
 
-    def build_network(self) -> ActorCritic | ResidualActorCritic:
-        c = self.config
-        network, dtype = getattr(c, "network", "mlp"), getattr(c, "compute_dtype", "float32")
-        if network == "residual":
-            return ResidualActorCritic(
-                num_actions=self.env.spec.num_actions,
-                width=c.residual_width,
-                depth=c.residual_depth,
-                expansion=c.residual_expansion,
-                activation=c.activation,
-                compute_dtype=dtype,
-            )
-        return ActorCritic(
-            num_actions=self.env.spec.num_actions,
-            actor_widths=c.actor_widths,
-            critic_widths=c.critic_widths,
-            torso_widths=getattr(c, "torso_widths", ()),
-            activation=c.activation,
-            compute_dtype=dtype,
-        )
+    def build_network(self):
+        return zoo.actor_critic(self.config, self.env.spec)
 
     # -- acting -----------------------------------------------------------------------------------
     def policy(self, params, obs: jax.Array):

@@ -36,9 +36,9 @@ from rljax.buffers import ReplayBuffer, add, init_buffer, sample, update_priorit
 from rljax.buffers.replay import buffer_logical_specs
 from rljax.envs import EnvBatch, check_env_name
 from rljax.errors import ConfigError
-from rljax.networks import QNetwork
+from rljax.networks import zoo
 from rljax.networks.mlp import check_tensor_parallel
-from rljax.networks.residual import NetworkSettings, ResidualQNetwork, check_network
+from rljax.networks.zoo import NetworkSettings, check_network
 from rljax.parallel.sync import SyncConfig, validate_sync
 
 
@@ -244,33 +244,14 @@ class DQN(Algorithm):
         if c.network == "mlp":
             check_tensor_parallel({"q": c.q_widths}, mlp_shards)
 
-    def build_network(self) -> QNetwork | ResidualQNetwork:
-        c = self.config
-        if c.network == "residual":
-            return ResidualQNetwork(
-                num_actions=self.env.spec.num_actions,
-                width=c.residual_width,
-                depth=c.residual_depth,
-                expansion=c.residual_expansion,
-                activation=c.activation,
-                dueling=c.dueling,
-                compute_dtype=c.compute_dtype,
-            )
-        return QNetwork(
-            num_actions=self.env.spec.num_actions,
-            widths=c.q_widths,
-            activation=c.activation,
-            dueling=c.dueling,
-            compute_dtype=c.compute_dtype,
-        )
+    def build_network(self):
+        return zoo.q_network(self.config, self.env.spec)
 
     def build_optimizer(self):
         c = self.config
         total_grad_steps = max(1, (c.total_timesteps - c.learning_starts) // c.train_frequency)
         decay = optax.linear_schedule(1.0, 0.0, total_grad_steps) if c.lr_decay else None
-        return adam(
-            c.lr, max_grad_norm=c.max_grad_norm, decay=decay, traced_lr="lr" in self.swept
-        )
+        return adam(c.lr, max_grad_norm=c.max_grad_norm, decay=decay, traced_lr="lr" in self.swept)
 
     def _buffer_item(self, obs) -> ReplayItem:
         b = self.config.num_envs

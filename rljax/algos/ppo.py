@@ -39,7 +39,7 @@ from rljax.envs import check_env_name
 from rljax.errors import ConfigError
 from rljax.networks import distributions
 from rljax.networks.mlp import check_tensor_parallel, check_torso
-from rljax.networks.residual import NetworkSettings, check_network
+from rljax.networks.zoo import NetworkSettings, check_network
 from rljax.parallel.rules import constrain
 from rljax.parallel.sync import SyncConfig, validate_sync
 

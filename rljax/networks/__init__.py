@@ -9,11 +9,13 @@ from rljax.networks.mlp import (
     check_tensor_parallel,
 )
 from rljax.networks.residual import ResidualActorCritic, ResidualQNetwork, ResidualTower
+from rljax.networks.zoo import NetworkSettings
 
 __all__ = [
     "ACTIVATIONS",
     "ActorCritic",
     "MLPTower",
+    "NetworkSettings",
     "QNetwork",
     "ResidualActorCritic",
     "ResidualQNetwork",

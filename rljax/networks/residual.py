@@ -15,18 +15,14 @@ float32.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Literal
+from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.errors import ConfigError
 from rljax.networks.mlp import ACTIVATIONS, compute_dtype_of, dense, head, q_heads
 from rljax.parallel.rules import constrain
-
-NETWORKS = ("mlp", "residual")
 
 
 def layer_norm(name: str) -> nn.LayerNorm:
@@ -157,44 +153,3 @@ class ResidualQNetwork(nn.Module):
             name="tower",
         )(obs)
         return q_heads(x, "embed", self.num_actions, self.dueling, self.initializer, dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class NetworkSettings:
-    """The network fields shared by the algorithm configs (PPO, A2C, DQN inherit them)."""
-
-    network: Literal["mlp", "residual"] = "mlp"
-    """mlp: the tensor-parallel MLP (the *_widths fields); residual: a SimBa-style residual MLP
-    (the residual_* fields)."""
-    residual_width: int = 256
-    """network=residual: width of the residual stream (the linear embedding's output)."""
-    residual_depth: int = 2
-    """network=residual: pre-LayerNorm residual feed-forward blocks per tower (>= 1)."""
-    residual_expansion: int = 4
-    """network=residual: a block's hidden width is residual_width * residual_expansion, split over
-    the model axis."""
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of the network's matmuls; parameters, optimizer state, outputs and losses stay
-    float32."""
-
-
-def check_network(config, mlp_shards: int) -> None:
-    """The network fields of an algorithm config: ``network``, ``compute_dtype`` and, for
-    ``network="residual"``, ``residual_width/depth/expansion`` (the blocks' column-split hidden
-    width ``width * expansion`` must divide by the ``model`` axis size ``mlp_shards``)."""
-    if config.network not in NETWORKS:
-        raise ConfigError(f"network must be one of {list(NETWORKS)}, got {config.network!r}")
-    compute_dtype_of(config.compute_dtype)
-    if config.network != "residual":
-        return
-    for name in ("residual_width", "residual_depth", "residual_expansion"):
-        if getattr(config, name) < 1:
-            raise ConfigError(f"{name} must be >= 1, got {getattr(config, name)}")
-    hidden = config.residual_width * config.residual_expansion
-    if hidden % mlp_shards:
-        raise ConfigError(
-            f"residual blocks' hidden width residual_width*residual_expansion = "
-            f"{config.residual_width}*{config.residual_expansion} = {hidden} is not divisible by "
-            f"the model axis size {mlp_shards} (it is column-split over `model`); choose a "
-            f"product that is a multiple of {mlp_shards}"
-        )
