@@ -198,6 +198,6 @@ def check_divisible(what: str, value: int, shards: int, why: str = "") -> None:
     ``shards`` data-parallel shards."""
     if value % shards:
         raise ConfigError(
-            f"{what} is not divisible by the data axis size {shards}{why}; "
+            f"{what} is not divisible by the {shards} data-parallel shards of the batch{why}; "
             f"use a multiple of {shards}"
         )

@@ -167,7 +167,7 @@ def add(buffer: ReplayBuffer, item) -> ReplayBuffer:
     return buffer.replace(data=data, priority=priority, count=buffer.count + 1)
 
 
-def _per_shard(body, axis: str | None, in_specs, out_specs):
+def _per_shard(body, axis: str | tuple[str, ...] | None, in_specs, out_specs):
     """``body(shard_index, *args)`` under shard_map over ``axis``, or directly as shard 0."""
     if axis is None:
         return functools.partial(body, 0)
@@ -175,7 +175,8 @@ def _per_shard(body, axis: str | None, in_specs, out_specs):
     def manual(*args):
         return body(jax.lax.axis_index(axis), *args)
 
-    return jax.shard_map(manual, in_specs=in_specs, out_specs=out_specs, axis_names={axis})
+    names = set(axis) if isinstance(axis, tuple) else {axis}
+    return jax.shard_map(manual, in_specs=in_specs, out_specs=out_specs, axis_names=names)
 
 
 def _cdf(p: jax.Array) -> jax.Array:

@@ -76,12 +76,17 @@ class MLPTower(nn.Module):
     activation: str = "tanh"
     initializer: str = "orthogonal"
     dtype: Any = None  # of the matmuls and activations (None: float32)
+    # Logical name of the first kernel's input axis: None when the tower reads the observation,
+    # whose size is arbitrary (it is not split over fsdp like the hidden `embed` axes).
+    input_axis: str | None = "embed"
 
     @nn.compact
     def __call__(self, x):
         act = ACTIVATIONS[self.activation]
         for i, width in enumerate(self.widths):
             kernel_axes, bias_axes = layer_axes(i)
+            if i == 0:
+                kernel_axes = (self.input_axis, kernel_axes[1])
             layer = dense(
                 width,
                 kernel_axes,
@@ -125,9 +130,14 @@ class ActorCritic(nn.Module):
 
     def setup(self):
         dtype = compute_dtype_of(self.compute_dtype)
-        self.torso = MLPTower(self.torso_widths, self.activation, dtype=dtype)
-        self.actor = MLPTower(self.actor_widths, self.activation, dtype=dtype)
-        self.critic = MLPTower(self.critic_widths, self.activation, dtype=dtype)
+        self.torso = MLPTower(self.torso_widths, self.activation, dtype=dtype, input_axis=None)
+        tower_input = "embed" if len(self.torso_widths) else None
+        self.actor = MLPTower(
+            self.actor_widths, self.activation, dtype=dtype, input_axis=tower_input
+        )
+        self.critic = MLPTower(
+            self.critic_widths, self.activation, dtype=dtype, input_axis=tower_input
+        )
         # The towers restart the column/row alternation, so the torso must end replicated.
         actor_out = output_axis(len(self.actor_widths))
         critic_out = output_axis(len(self.critic_widths))
@@ -174,7 +184,9 @@ class QNetwork(nn.Module):
     def __call__(self, obs):
         dtype = compute_dtype_of(self.compute_dtype)
         x = constrain(obs.reshape(obs.shape[0], -1), "batch", "activation_embed")
-        x = MLPTower(self.widths, self.activation, self.initializer, dtype, name="tower")(x)
+        x = MLPTower(
+            self.widths, self.activation, self.initializer, dtype, input_axis=None, name="tower"
+        )(x)
         in_axis = output_axis(len(self.widths))
         return q_heads(x, in_axis, self.num_actions, self.dueling, self.initializer, dtype)
 

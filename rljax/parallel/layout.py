@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rljax.parallel.rules import RULES, Rules, as_rules, to_mesh_spec, use_rules
+from rljax.errors import ConfigError
+from rljax.parallel.rules import (
+    RULES,
+    Rules,
+    as_rules,
+    axes_of,
+    effective_spec,
+    to_mesh_spec,
+    use_rules,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +38,10 @@ class Layout:
             yield
 
     def sharding(self, logical: PartitionSpec) -> NamedSharding:
-        return NamedSharding(self.mesh, to_mesh_spec(logical, self.rules))
+        """Size-1 mesh axes are left out of the spec (``effective_spec``)."""
+        return NamedSharding(
+            self.mesh, effective_spec(to_mesh_spec(logical, self.rules), self.mesh)
+        )
 
     def shardings(self, logical_specs):
         """A tree of logical ``PartitionSpec`` -> the same tree of ``NamedSharding``."""
@@ -38,8 +51,28 @@ class Layout:
 
     def shards(self, name: str) -> int:
         """How many pieces logical axis ``name`` is split into (1 when it is not split)."""
-        axis = dict(self.rules).get(name)
-        return 1 if axis is None else int(self.mesh.shape[axis])
+        return math.prod(int(self.mesh.shape[a]) for a in axes_of(dict(self.rules).get(name)))
+
+    def check_divisible(self, logical_specs, shapes, what: str = "parameter") -> None:
+        """Every axis of every leaf of ``shapes`` (arrays or ``ShapeDtypeStruct``) must split
+        evenly over the mesh axes its logical name maps to; else one ``ConfigError`` naming the
+        leaf, its axis and size, and the mesh axes."""
+        is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+        flat_specs = jax.tree.leaves(logical_specs, is_leaf=is_spec)
+        flat_shapes = jax.tree_util.tree_leaves_with_path(shapes)
+        for spec, (path, leaf) in zip(flat_specs, flat_shapes, strict=True):
+            mesh_spec = effective_spec(to_mesh_spec(spec, self.rules), self.mesh)
+            for dim, (name, axes) in enumerate(zip(spec, mesh_spec, strict=False)):
+                pieces = math.prod(self.mesh.shape[a] for a in axes_of(axes))
+                if leaf.shape[dim] % pieces:
+                    sizes = ",".join(f"{a}={self.mesh.shape[a]}" for a in axes_of(axes))
+                    raise ConfigError(
+                        f"{what} {jax.tree_util.keystr(path, simple=True, separator='/')} "
+                        f"{tuple(leaf.shape)}: axis {dim} ({name}, size {leaf.shape[dim]}) is not "
+                        f"divisible by {pieces}, the mesh axes {sizes} it is split over; choose "
+                        f"network widths or channels that are multiples of {pieces}, or a mesh "
+                        "with fewer pieces on those axes"
+                    )
 
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())

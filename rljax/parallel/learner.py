@@ -22,7 +22,13 @@ import optax
 from jax.sharding import PartitionSpec
 
 from rljax.parallel.replicas import REPLICA_AXIS, per_replica, replica_mesh_axis
-from rljax.parallel.rules import constrain, prepend_axis, spending, to_mesh_specs
+from rljax.parallel.rules import (
+    constrain,
+    effective_spec,
+    prepend_axis,
+    spending,
+    to_mesh_specs,
+)
 from rljax.parallel.sync import SyncConfig, strategy_for
 
 
@@ -47,8 +53,15 @@ class Learner:
     # -- layout -----------------------------------------------------------------------------------
     @property
     def param_specs(self):
-        """Mesh specs of one replica's parameters under the active rules."""
-        return to_mesh_specs(self.param_logical)
+        """Mesh specs of one replica's parameters under the active rules (size-1 and absent
+        mesh axes left out when a mesh is active)."""
+        specs = to_mesh_specs(self.param_logical)
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty:
+            return specs
+        return jax.tree.map(
+            lambda s: effective_spec(s, mesh), specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
+        )
 
     def replicate(self, tree):
         """One replica's ``tree`` -> ``[R, ...]`` copies."""

@@ -1,8 +1,9 @@
 """Device meshes from a spec string such as ``data=2,model=2``, and emulated CPU devices.
 
-Every rljax mesh has the same two axes, ``data`` (environment batch, seeds, gradient averaging)
-and ``model`` (tensor-parallel network weights); an axis left out of the spec has size 1, so code
-never needs to ask whether an axis exists.
+Every rljax mesh has the same three axes: ``data`` (environment batch, seeds, gradient averaging
+between replicas), ``fsdp`` (the batch as well, and parameters, gradients and optimizer moments
+split ZeRO-3 style) and ``model`` (tensor-parallel network weights). An axis left out of the spec
+has size 1, so code never needs to ask whether an axis exists.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from jax.sharding import AxisType, Mesh
 
 from rljax.errors import ConfigError
 
-MESH_AXES = ("data", "model")
+MESH_AXES = ("data", "fsdp", "model")
 DEFAULT_MESH = "data=1,model=1"
 
 # Auto axis types: parameters and the environment batch carry explicit NamedShardings and the
@@ -23,7 +24,7 @@ DEFAULT_MESH = "data=1,model=1"
 # third-party code without sharding-typed arrays. Explicit axes would make every op inside them
 # resolve its output sharding by type and reject ambiguous ones (gathers, scatters in the physics),
 # so Auto lets the partitioner fill in the few unannotated intermediates.
-MESH_AXIS_TYPES = (AxisType.Auto, AxisType.Auto)
+MESH_AXIS_TYPES = (AxisType.Auto,) * len(MESH_AXES)
 
 
 def parse_mesh_spec(spec: str) -> dict[str, int]:
@@ -77,7 +78,7 @@ def resolve_mesh_shape(spec: str, num_devices: int) -> dict[str, int]:
 
 
 def make_mesh(spec: str = DEFAULT_MESH, devices=None) -> Mesh:
-    """A ``(data, model)`` mesh over the first ``prod(sizes)`` of ``devices`` (default: all)."""
+    """A ``(data, fsdp, model)`` mesh over the first ``prod(sizes)`` of ``devices`` (all)."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = resolve_mesh_shape(spec, len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
@@ -87,7 +88,8 @@ def make_mesh(spec: str = DEFAULT_MESH, devices=None) -> Mesh:
 
 
 def mesh_spec_of(mesh: Mesh) -> str:
-    return ",".join(f"{a}={mesh.shape[a]}" for a in MESH_AXES)
+    """``data=2,model=2``; ``fsdp`` only when it splits something (``data=2,fsdp=2,...``)."""
+    return ",".join(f"{a}={mesh.shape[a]}" for a in MESH_AXES if a != "fsdp" or mesh.shape[a] > 1)
 
 
 def _backends_initialized() -> bool:

@@ -80,9 +80,9 @@ def per_replica(fn: Callable, replicas: int, in_specs: Any, out_specs: Any) -> C
 
         # check_vma off: results of all_gather/all_to_all based averages are replica-invariant
         # by construction, which the static replication check cannot infer.
-        return jax.shard_map(
-            local, in_specs=tuple(in_specs), out_specs=out_specs, check_vma=False
-        )(*args)
+        return jax.shard_map(local, in_specs=tuple(in_specs), out_specs=out_specs, check_vma=False)(
+            *args
+        )
 
     return run
 

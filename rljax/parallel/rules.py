@@ -8,6 +8,7 @@ whatever traces inside it (``constrain``, ``to_mesh_spec``) resolves names throu
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable, Mapping
 
 import flax.linen as nn
@@ -16,15 +17,19 @@ from jax.sharding import PartitionSpec
 
 from rljax.errors import ConfigError
 
-Rules = tuple[tuple[str, str | None], ...]
+MeshAxes = str | tuple[str, ...] | None  # what a logical name maps to: one mesh axis, several, none
+Rules = tuple[tuple[str, MeshAxes], ...]
 
 # Parameter axes and activation axes have distinct names (as MaxText's `embed` and
-# `activation_embed`), so parameters can be sharded (e.g. FSDP) by editing rules alone.
+# `activation_embed`), so parameters are sharded (FSDP) by the rules alone: `embed`, the axis that
+# tensor parallelism leaves free, goes to `fsdp` (ZeRO-3: XLA all-gathers each layer's weights
+# where they are used and reduce-scatters their gradients), while the stream activations
+# (`activation_embed`) stay whole and the batch is split over `fsdp` as well as `data`.
 RULES: Rules = (
-    ("batch", "data"),  # environments, samples, replay rows: data parallel
+    ("batch", ("data", "fsdp")),  # environments, samples, replay rows: data parallel
     ("replica", "data"),  # per-replica learner state (local/adaptive sync): one replica per shard
     ("seed", None),  # vmapped independent seeds / sweep members
-    ("embed", None),  # parameter: feature axis entering / leaving a tensor-parallel block
+    ("embed", "fsdp"),  # parameter: feature axis entering / leaving a tensor-parallel block
     ("mlp", "model"),  # parameter: the tensor-parallel width of a column- then row-split block
     ("actions", None),  # parameter: policy / Q head outputs
     ("value", None),  # parameter: the critic's scalar output
@@ -34,7 +39,23 @@ RULES: Rules = (
 )
 
 
-def rules_with(rules: Rules | None = None, **overrides: str | None) -> Rules:
+def axes_of(mapped: MeshAxes) -> tuple[str, ...]:
+    """``None`` / ``"data"`` / ``("data", "fsdp")`` -> the mesh axes as a tuple."""
+    if mapped is None:
+        return ()
+    return (mapped,) if isinstance(mapped, str) else tuple(mapped)
+
+
+def _joined(axes: tuple[str, ...]) -> MeshAxes:
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def without(mapped: MeshAxes, drop) -> MeshAxes:
+    """``mapped`` with the mesh axes in ``drop`` removed (``None`` when none remain)."""
+    return _joined(tuple(a for a in axes_of(mapped) if a not in drop))
+
+
+def rules_with(rules: Rules | None = None, **overrides: MeshAxes) -> Rules:
     """``rules`` (default: ``RULES``) with some names remapped, e.g. ``rules_with(seed="data")``."""
     rules = RULES if rules is None else tuple(rules)
     known = dict(rules)
@@ -50,7 +71,13 @@ def seeds_on(mesh_axis: str | None, rules: Rules | None = None) -> Rules:
     rules = RULES if rules is None else tuple(rules)
     if mesh_axis in (None, "none"):
         return rules
-    return rules_with(rules, seed=mesh_axis, batch=None, replica=None)
+    table = dict(rules)
+    return rules_with(
+        rules,
+        seed=mesh_axis,
+        batch=without(table["batch"], {mesh_axis}),
+        replica=without(table["replica"], {mesh_axis}),
+    )
 
 
 def as_rules(rules: Rules | Mapping[str, str | None]) -> Rules:
@@ -73,7 +100,7 @@ def spending(*mesh_axes: str | None):
     names mapped to a spent mesh axis become unsharded (that axis is already split off)."""
     spent = {a for a in mesh_axes if a is not None}
     rules = active_rules()
-    with use_rules(tuple((n, None if a in spent else a) for n, a in rules)):
+    with use_rules(tuple((n, without(a, spent)) for n, a in rules)):
         yield
 
 
@@ -88,7 +115,7 @@ def to_mesh_spec(logical: Iterable[str | None], rules: Rules | None = None) -> P
     if missing:
         raise ConfigError(f"logical axes {missing} have no rule; known: {sorted(table)}")
     axes = [None if n is None else table[n] for n in names]
-    used = [a for a in axes if a is not None]
+    used = [a for mapped in axes for a in axes_of(mapped)]
     if len(used) != len(set(used)):
         raise ConfigError(f"logical spec {names} maps two axes onto one mesh axis: {axes}")
     return PartitionSpec(*axes)
@@ -113,16 +140,36 @@ def batch_spec_like(tree):
     return jax.tree.map(lambda _: PartitionSpec("batch"), tree)
 
 
-def mesh_axis(name: str) -> tuple[str | None, int]:
-    """The mesh axis that logical ``name`` is split over here, and its size; ``(None, 1)`` when it
-    is not split (no mesh, no rule, a size-1 axis, or an axis this code is already inside of)."""
-    axis = dict(active_rules()).get(name)
+def effective(mapped: MeshAxes, mesh) -> MeshAxes:
+    """The mesh axes of ``mapped`` that split something on ``mesh``: size-1 axes, axes the mesh
+    lacks and manual axes (inside ``shard_map``) dropped, so an axis left out of a mesh spec costs
+    nothing and specs read as before it existed."""
+    if mesh is None or mesh.empty:
+        return None
+    manual = set(getattr(mesh, "manual_axes", ()))
+    return _joined(
+        tuple(
+            a
+            for a in axes_of(mapped)
+            if a in mesh.axis_names and mesh.shape[a] > 1 and a not in manual
+        )
+    )
+
+
+def effective_spec(spec: PartitionSpec, mesh) -> PartitionSpec:
+    """``effective`` of every entry of a mesh ``PartitionSpec``."""
+    return PartitionSpec(*(effective(a, mesh) for a in spec))
+
+
+def mesh_axis(name: str) -> tuple[MeshAxes, int]:
+    """The mesh axis (or axes) that logical ``name`` is split over here, and the number of
+    pieces; ``(None, 1)`` when it is not split (no mesh, no rule, size-1 axes, or axes this code
+    is already inside of)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if axis is None or mesh.empty or axis not in mesh.axis_names or mesh.shape[axis] == 1:
+    axes = effective(dict(active_rules()).get(name), mesh)
+    if axes is None:
         return None, 1
-    if axis in mesh.manual_axes:
-        return None, 1
-    return axis, mesh.shape[axis]
+    return axes, math.prod(mesh.shape[a] for a in axes_of(axes))
 
 
 def constrain(x, *logical_axes: str | None):
@@ -134,12 +181,9 @@ def constrain(x, *logical_axes: str | None):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x
-    spec = to_mesh_spec(logical_axes)
-    manual = set(mesh.manual_axes)
-    if manual:
-        spec = PartitionSpec(*(None if a in manual else a for a in spec))
-        if all(a is None for a in spec):
-            return x
+    spec = effective_spec(to_mesh_spec(logical_axes), mesh)
+    if mesh.manual_axes and all(a is None for a in spec):
+        return x
     return jax.lax.with_sharding_constraint(x, spec)
 
 

@@ -31,7 +31,9 @@ class ParallelConfig:
     """Devices and the mesh."""
 
     mesh: str = _resumable(DEFAULT_MESH)
-    """device mesh, e.g. 'data=2,model=2'; one axis may be -1 (all remaining devices)."""
+    """device mesh over the axes data (batch, replicas), fsdp (batch, and parameters/moments
+    split ZeRO-3 style) and model (tensor parallel), e.g. 'data=2,fsdp=2,model=2'; an axis left
+    out has size 1; one may be -1 (all remaining devices)."""
     num_devices: int | None = _resumable(None)
     """emulate this many CPU devices (must be set before JAX starts)."""
     seed_axis: Literal["none", "data"] = "none"

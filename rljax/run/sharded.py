@@ -17,6 +17,7 @@ import functools
 import time
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +27,7 @@ from rljax.algos import ALGORITHMS, Algorithm
 from rljax.errors import ConfigError
 from rljax.parallel import Layout, make_mesh, set_num_cpu_devices
 from rljax.parallel.rules import RULES, Rules, prepend_axis, seeds_on
+from rljax.parallel.sync import validate_layout
 from rljax.run import memory
 from rljax.run.config import RunConfig, check_num_devices, validate_run
 
@@ -130,6 +132,7 @@ class ShardedRun:
             algo_cls, config = resolve_algorithm(algo)
             algo_cls.validate(config, self.layout.shards("batch"), self.layout.shards("mlp"))
             algo = algo_cls(config, replicas=self.layout.shards("replica"))
+            check_layout(algo, self.layout)
         self.algo = algo
         self.mesh = mesh = self.layout.mesh
         self.num_seeds = num_seeds
@@ -223,6 +226,17 @@ class ShardedRun:
             return self._chunk_jit(state, replicate(self.mesh, jnp.int32(num_updates)))
 
 
+def check_layout(algo, layout: Layout) -> None:
+    """What the layout asks of a built algorithm: its sync strategy composes with the mesh
+    (``fsdp``), and every parameter axis splits evenly over the mesh axes its logical name maps
+    to (network widths and channels vs ``fsdp``/``model``). ``ConfigError`` otherwise."""
+    sync = getattr(algo.config, "sync", None)
+    if sync is not None:
+        validate_layout(sync, layout)
+    abstract = jax.eval_shape(algo.init_params, jax.random.key(0))
+    layout.check_divisible(algo.learner.param_logical, nn.meta.unbox(abstract))
+
+
 # -- Everything checked, then built ---------------------------------------------------------------
 def make_run_mesh(run: RunConfig) -> Mesh:
     check_num_devices(run.parallel.num_devices)  # before JAX creates any device
@@ -251,5 +265,6 @@ def prepare(algorithm, run: RunConfig, swept: tuple[str, ...] = ()) -> tuple[Lay
     replicas = layout.shards("replica")
     algo_cls.validate(config, layout.shards("batch"), layout.shards("mlp"))
     algo = algo_cls(config, replicas=replicas, swept=swept)
+    check_layout(algo, layout)
     memory.check(algo, layout, run.num_seeds)
     return layout, algo

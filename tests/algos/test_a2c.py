@@ -111,7 +111,7 @@ def test_registered_with_its_sweepable_fields():
 @pytest.mark.parametrize(
     "change, mesh, message",
     [
-        ({"num_envs": 6}, "data=4,model=1", "num_envs=6 is not divisible by the data axis size 4"),
+        ({"num_envs": 6}, "data=4,model=1", "num_envs=6 is not divisible by the 4 data-parallel"),
         ({"gamma": 1.5}, "data=1,model=1", r"gamma must be in \[0, 1\], got 1.5"),
         ({"lr": 0.0}, "data=1,model=1", "lr .* must be > 0"),
         ({"total_timesteps": 100}, "data=1,model=1", "less than one update"),

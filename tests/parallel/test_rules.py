@@ -11,6 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rljax.errors import ConfigError
 from rljax.networks import ActorCritic
 from rljax.parallel import RULES, Layout, make_mesh, rules_with, to_mesh_spec, use_rules
+from rljax.parallel.rules import effective_spec
 
 MESHES = ["data=1,model=1", "data=4,model=1", "data=2,model=2", "data=1,model=4"]
 
@@ -66,20 +67,22 @@ def normalised(spec):
 
 
 def test_rules_table_maps_logical_names():
-    assert to_mesh_spec(PartitionSpec("batch", "mlp")) == PartitionSpec("data", "model")
-    assert to_mesh_spec(PartitionSpec("mlp", "embed")) == PartitionSpec("model", None)
-    assert dict(RULES)["embed"] is None
+    assert to_mesh_spec(PartitionSpec("batch", "mlp")) == PartitionSpec(("data", "fsdp"), "model")
+    assert to_mesh_spec(PartitionSpec("mlp", "embed")) == PartitionSpec("model", "fsdp")
+    assert dict(RULES)["embed"] == "fsdp"
     # Parameter and activation axes are named apart: remapping one leaves the other.
-    fsdp = rules_with(embed="data")
-    assert to_mesh_spec(("embed", "mlp"), fsdp) == PartitionSpec("data", "model")
-    assert to_mesh_spec(("batch", "activation_embed"), fsdp) == PartitionSpec("data", None)
+    no_fsdp = rules_with(embed=None)
+    assert to_mesh_spec(("embed", "mlp"), no_fsdp) == PartitionSpec(None, "model")
+    assert to_mesh_spec(("batch", "activation_embed"), no_fsdp) == PartitionSpec(
+        ("data", "fsdp"), None
+    )
 
 
 def test_rules_apply_as_a_context():
-    assert to_mesh_spec(("batch",)) == PartitionSpec("data")
+    assert to_mesh_spec(("batch",)) == PartitionSpec(("data", "fsdp"))
     with use_rules(rules_with(batch=None, seed="data")):
         assert to_mesh_spec(("seed", "batch")) == PartitionSpec("data", None)
-    assert to_mesh_spec(("batch",)) == PartitionSpec("data")
+    assert to_mesh_spec(("batch",)) == PartitionSpec(("data", "fsdp"))
 
 
 def test_unknown_or_clashing_logical_names_are_errors():
@@ -116,7 +119,8 @@ def test_every_parameter_is_born_with_the_rules_sharding(small_run):
         strict=True,
     )
     for logical_spec, leaf in pairs:
-        assert normalised(leaf.sharding.spec) == normalised(to_mesh_spec(logical_spec))
+        expected = effective_spec(to_mesh_spec(logical_spec), run.mesh)  # fsdp=1: left out
+        assert normalised(leaf.sharding.spec) == normalised(expected)
     actor = state.params["params"]["actor"]
     assert normalised(actor["dense_0"]["kernel"].sharding.spec) == (None, "model")
     assert normalised(actor["dense_1"]["kernel"].sharding.spec) == ("model",)

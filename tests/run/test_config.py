@@ -31,7 +31,7 @@ def test_non_positive_learning_rate():
 
 def test_num_envs_not_divisible_by_data():
     message = error_of(PPOConfig(num_envs=6), RunConfig.make(mesh="data=4,model=1"))
-    assert "num_envs=6 is not divisible by the data axis size 4" in message
+    assert "num_envs=6 is not divisible by the 4 data-parallel shards" in message
 
 
 def test_minibatches_not_dividing_batch():
@@ -60,8 +60,9 @@ def test_mesh_spec_errors():
         parse_mesh_spec("data=2,pipe=2")
     with pytest.raises(ConfigError, match="at most one axis may be -1"):
         parse_mesh_spec("data=-1,model=-1")
-    assert parse_mesh_spec("model=2") == {"data": 1, "model": 2}
-    assert dict(make_mesh("data=-1,model=2").shape) == {"data": 4, "model": 2}
+    assert parse_mesh_spec("model=2") == {"data": 1, "fsdp": 1, "model": 2}
+    assert dict(make_mesh("data=-1,model=2").shape) == {"data": 4, "fsdp": 1, "model": 2}
+    assert dict(make_mesh("fsdp=-1,model=2").shape) == {"data": 1, "fsdp": 4, "model": 2}
 
 
 def test_emulating_devices_after_jax_started_says_so():

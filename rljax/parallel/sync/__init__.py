@@ -39,6 +39,22 @@ def validate_sync(config: SyncConfig) -> None:
     strategies[config.strategy].validate(config)
 
 
+def validate_layout(config: SyncConfig, layout) -> None:
+    """``config``'s strategy on ``layout`` (a ``rljax.parallel.Layout``): a strategy that does not
+    compose with parameters split over ``fsdp`` is one ``ConfigError`` naming the alternatives."""
+    validate_sync(config)
+    fsdp = layout.mesh.shape.get("fsdp", 1)
+    if fsdp > 1 and layout.shards("embed") > 1:
+        if not registered()[config.strategy].composes_with_fsdp:
+            ok = [n for n, cls in registered().items() if cls.composes_with_fsdp]
+            raise ConfigError(
+                f"sync strategy {config.strategy!r} does not compose with fsdp={fsdp} "
+                f"(parameters, gradients and moments split over fsdp); with fsdp use "
+                f"{', '.join(ok)}, or keep {config.strategy!r} on a mesh without fsdp "
+                f"(e.g. data={layout.mesh.shape['data'] * fsdp},model={layout.mesh.shape['model']})"
+            )
+
+
 __all__ = [
     "STRATEGIES",
     "Strategy",
@@ -47,5 +63,6 @@ __all__ = [
     "registered",
     "strategy_for",
     "tree_norm",
+    "validate_layout",
     "validate_sync",
 ]

@@ -51,6 +51,8 @@ class Strategy:
 
     name: ClassVar[str]
     per_replica: ClassVar[bool] = False  # True: params/opt_state are [R@replica, ...]
+    # Whether parameters, gradients and moments may be split over `fsdp` inside each replica.
+    composes_with_fsdp: ClassVar[bool] = True
 
     def __init__(self, config: SyncConfig):
         self.config = config

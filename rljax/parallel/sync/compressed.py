@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec
 from rljax.errors import ConfigError
 from rljax.parallel import compression
 from rljax.parallel.replicas import per_replica
-from rljax.parallel.rules import prepend_axis
+from rljax.parallel.rules import axes_of, prepend_axis
 from rljax.parallel.sync.base import Strategy, positive, register, tree_norm
 
 COMPRESSIONS = ("int8", "topk")
@@ -22,7 +22,9 @@ def compression_groups(learner):
     device (a leaf replicated over `model` gets the same blocks and top-k choice everywhere)."""
     is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
     leaves, treedef = jax.tree.flatten(learner.param_specs, is_leaf=is_spec)
-    group_of = [frozenset(a for a in spec if a is not None) for spec in leaves]
+    # fsdp never splits anything here (validate_layout), so it must not split groups either:
+    # the groups are then the same with and without a mesh.
+    group_of = [frozenset(a for e in spec for a in axes_of(e) if a != "fsdp") for spec in leaves]
     return treedef, [[i for i, g in enumerate(group_of) if g == k] for k in dict.fromkeys(group_of)]
 
 
@@ -68,6 +70,9 @@ def compressed_mean(learner, grads, residual, config):
 @register
 class Compressed(Strategy):
     name = "compressed"
+    # Quantisation blocks, top-k choices and error-feedback residuals are laid out over each
+    # device's slice of the flattened gradient; slices split over fsdp as well are not built.
+    composes_with_fsdp = False
 
     @classmethod
     def validate(cls, config):

@@ -22,9 +22,9 @@ def average(learner, params, opt_state, with_opt_state: bool = False):
         params = jax.lax.pmean(params, REPLICA_AXIS)
         if with_opt_state:
             opt_state = jax.tree.map(
-                lambda x: jax.lax.pmean(x, REPLICA_AXIS)
-                if jnp.issubdtype(x.dtype, jnp.floating)
-                else x,
+                lambda x: (
+                    jax.lax.pmean(x, REPLICA_AXIS) if jnp.issubdtype(x.dtype, jnp.floating) else x
+                ),
                 opt_state,
             )
         return params, opt_state
