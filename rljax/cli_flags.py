@@ -21,6 +21,7 @@ import tyro
 
 from rljax import presets
 from rljax.distributed import DistributedConfig
+from rljax.networks.zoo import NetworkSettings
 from rljax.run.config import RunConfig
 from rljax.run.sharded import config_type_of
 
@@ -41,12 +42,7 @@ NETWORK_FIELDS = {
     "q_widths",
     "activation",
     "dueling",
-    "network",
-    "residual_width",
-    "residual_depth",
-    "residual_expansion",
-    "compute_dtype",
-}
+} | {f.name for f in dataclasses.fields(NetworkSettings)}
 RUN_GROUPS = {
     "parallel": "parallelism",
     "logging": "logging",
