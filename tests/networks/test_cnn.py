@@ -18,6 +18,7 @@ from rljax.envs import DISCRETE_ENVS, IMAGE_OBS_SHAPES, BatchedEnv
 from rljax.errors import ConfigError
 from rljax.networks import zoo
 from rljax.parallel import Layout
+from rljax.run.sharded import ShardedRun
 
 ENV = "Breakout-MinAtar"
 SPEC = BatchedEnv(ENV, 1).spec
@@ -160,7 +161,9 @@ def test_sharded_forward_and_gradients_equal_single_device(mesh4, name):
         assert spec_of(tower["block_0"]["dense_0"]["kernel"]) == (None, "model")
 
 
-def test_ppo_with_a_cnn_trains_on_breakout_minatar():
+def test_ppo_with_a_cnn_trains_on_breakout_minatar_on_the_mesh(mesh4):
+    """Two PPO updates on data=2,model=2: sharded init, finite losses, every parameter moved,
+    the convolution's output channels split over `model` in the training state."""
     config = PPOConfig(
         env=ENV,
         network="cnn",
@@ -172,21 +175,19 @@ def test_ppo_with_a_cnn_trains_on_breakout_minatar():
         actor_widths=(32,),
         critic_widths=(32,),
     )
-    PPO.validate(config)
-    algo = PPO(config)
-
-    def run(key):
-        state = algo.init(key)
-        return state.params, *jax.lax.scan(lambda s, _: algo.update(s), state, length=2)
-
-    initial_params, state, metrics = jax.jit(run)(jax.random.key(0))
+    run = ShardedRun(PPO(config, replicas=2), mesh4, num_seeds=1, chunk_size=2)
+    state = run.init(jax.random.key(0))
+    initial_params = jax.device_get(state.params)
+    state, metrics = run.run_chunk(state, 2)
     loss = np.asarray(metrics["loss"])
     assert loss.shape == (2,) and np.isfinite(loss).all()
     kernel = state.params["params"]["torso"]["conv_0"]["kernel"]
-    assert kernel.shape == (3, 3, 4, 16)
-    assert not np.allclose(kernel, initial_params["params"]["torso"]["conv_0"]["kernel"])
-    changed = jax.tree.map(lambda a, b: bool(np.any(a != b)), state.params, initial_params)
-    assert all(jax.tree.leaves(changed))
+    assert kernel.shape == (3, 3, 4, 16) and spec_of(kernel) == (None, None, None, "model")
+    assert kernel.addressable_shards[0].data.shape == (3, 3, 4, 8)
+    moved = jax.tree.map(
+        lambda a, b: bool(np.any(a != b)), jax.device_get(state.params), initial_params
+    )
+    assert all(jax.tree.leaves(moved))
 
 
 ALGORITHMS = [(PPO, PPOConfig()), (A2C, A2CConfig()), (DQN, DQNConfig())]
