@@ -46,6 +46,8 @@ NETWORK_FIELDS = {
     "residual_depth",
     "residual_expansion",
     "compute_dtype",
+    "param_dtype",
+    "remat",
 }
 RUN_GROUPS = {
     "parallel": "parallelism",

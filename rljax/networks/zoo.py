@@ -12,7 +12,13 @@ import flax.linen as nn
 
 from rljax.envs import EnvSpec
 from rljax.errors import ConfigError
-from rljax.networks.mlp import ActorCritic, QNetwork, compute_dtype_of
+from rljax.networks.mlp import (
+    ActorCritic,
+    QNetwork,
+    check_remat,
+    compute_dtype_of,
+    param_dtype_of,
+)
 from rljax.networks.residual import ResidualActorCritic, ResidualQNetwork
 
 NETWORKS = ("mlp", "residual")
@@ -33,8 +39,17 @@ class NetworkSettings:
     """network=residual: a block's hidden width is residual_width * residual_expansion, split over
     the model axis."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of the network's matmuls; parameters, optimizer state, outputs and losses stay
-    float32."""
+    """dtype of the network's matmuls; parameters (see param_dtype), optimizer state, outputs and
+    losses stay float32."""
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype the parameters and Adam's two moments are stored in: bfloat16 halves their memory
+    (Adam's arithmetic stays float32, stored back with stochastic rounding); outputs and losses
+    stay float32. Either compute_dtype goes with either param_dtype (float32 compute upcasts the
+    bfloat16 weights)."""
+    remat: Literal["none", "block", "full"] = "none"
+    """rematerialisation: block recomputes each residual block (network=mlp: each layer) in the
+    backward pass from its saved input; full each tower from the observation. Less activation
+    memory, one more forward's compute; the gradients are the same."""
 
 
 def check_network(config, mlp_shards: int) -> None:
@@ -44,6 +59,8 @@ def check_network(config, mlp_shards: int) -> None:
     if config.network not in NETWORKS:
         raise ConfigError(f"network must be one of {list(NETWORKS)}, got {config.network!r}")
     compute_dtype_of(config.compute_dtype)
+    param_dtype_of(getattr(config, "param_dtype", "float32"))
+    check_remat(getattr(config, "remat", "none"))
     if config.network != "residual":
         return
     for name in ("residual_width", "residual_depth", "residual_expansion"):
@@ -65,6 +82,8 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
     D]`` -> ``(logits [B@batch, A], value [B@batch])`` float32, and ``.value(obs)``."""
     c = config
     network, dtype = getattr(c, "network", "mlp"), getattr(c, "compute_dtype", "float32")
+    precision = {"param_dtype": getattr(c, "param_dtype", "float32")}
+    precision["remat"] = getattr(c, "remat", "none")
     if network == "residual":
         return ResidualActorCritic(
             num_actions=spec.num_actions,
@@ -73,6 +92,7 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
             expansion=c.residual_expansion,
             activation=c.activation,
             compute_dtype=dtype,
+            **precision,
         )
     return ActorCritic(
         num_actions=spec.num_actions,
@@ -81,6 +101,7 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
         torso_widths=getattr(c, "torso_widths", ()),
         activation=c.activation,
         compute_dtype=dtype,
+        **precision,
     )
 
 
@@ -97,6 +118,8 @@ def q_network(config, spec: EnvSpec) -> nn.Module:
             activation=c.activation,
             dueling=c.dueling,
             compute_dtype=c.compute_dtype,
+            param_dtype=c.param_dtype,
+            remat=c.remat,
         )
     return QNetwork(
         num_actions=spec.num_actions,
@@ -104,4 +127,6 @@ def q_network(config, spec: EnvSpec) -> nn.Module:
         activation=c.activation,
         dueling=c.dueling,
         compute_dtype=c.compute_dtype,
+        param_dtype=c.param_dtype,
+        remat=c.remat,
     )
