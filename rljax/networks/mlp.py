@@ -210,9 +210,11 @@ class ActorCritic(nn.Module):
         actor_out = output_axis(len(self.actor_widths))
         critic_out = output_axis(len(self.critic_widths))
         self.policy_head = head(
-            self.num_actions, actor_out, "actions", 0.01, "policy_head", dtype, pdtype=pdtype
+            self.num_actions, actor_out, "actions", 0.01, "policy_head", dtype=dtype, pdtype=pdtype
         )
-        self.value_head = head(1, critic_out, "value", 1.0, "value_head", dtype, pdtype=pdtype)
+        self.value_head = head(
+            1, critic_out, "value", 1.0, "value_head", dtype=dtype, pdtype=pdtype
+        )
 
     def _features(self, obs):
         x = constrain(obs.reshape(obs.shape[0], -1), "batch", "activation_embed")

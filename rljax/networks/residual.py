@@ -133,9 +133,9 @@ class ResidualActorCritic(nn.Module):
         self.actor = tower(*shape, pdtype, self.remat == "block")
         self.critic = tower(*shape, pdtype, self.remat == "block")
         self.policy_head = head(
-            self.num_actions, "embed", "actions", 0.01, "policy_head", dtype, pdtype=pdtype
+            self.num_actions, "embed", "actions", 0.01, "policy_head", dtype=dtype, pdtype=pdtype
         )
-        self.value_head = head(1, "embed", "value", 1.0, "value_head", dtype, pdtype=pdtype)
+        self.value_head = head(1, "embed", "value", 1.0, "value_head", dtype=dtype, pdtype=pdtype)
 
     def __call__(self, obs):
         return self._logits(obs), self.value(obs)

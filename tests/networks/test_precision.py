@@ -80,6 +80,12 @@ def test_param_dtype_bfloat16_stores_every_parameter_in_the_same_tree(name):
     assert {leaf.dtype for leaf in jax.tree.leaves(abstract16)} == {BF16}
     assert nn.get_partition_spec(abstract16) == nn.get_partition_spec(abstract32)
     chex.assert_trees_all_equal_shapes(abstract16, abstract32)
+    # Every matmul: float32 (bfloat16 weights upcast) unless compute_dtype asks for bfloat16.
+    for compute, expected in (("float32", F32), ("bfloat16", BF16)):
+        net = net32.clone(param_dtype="bfloat16", compute_dtype=compute)
+        jaxpr = jax.make_jaxpr(net.apply)(abstract16, OBS).jaxpr
+        dots = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "dot_general"]
+        assert len(dots) >= 3 and {v.aval.dtype for e in dots for v in e.invars} == {expected}
 
 
 TINY = dict(
@@ -95,26 +101,24 @@ TINY = dict(
 )
 
 
-@pytest.fixture(scope="module", params=["compute_bfloat16", "params_bfloat16"])
-def ppo_update(request):
-    """``(name, state before, state after one PPO update, metrics)`` on one device."""
-    dtypes = {"compute_dtype": "bfloat16"}
-    if request.param == "params_bfloat16":
-        dtypes["param_dtype"] = "bfloat16"
-    algo = PPO(PPOConfig(**TINY, **dtypes))
+@pytest.fixture(scope="module")
+def ppo_update():
+    """``(state before, state after one PPO update, metrics)`` on one device, bfloat16 compute
+    and parameters. (That bfloat16 compute alone keeps float32 parameters and moments through
+    PPO updates is test_residual.py's ``test_residual_bfloat16_ppo_trains_two_updates_...``.)"""
+    algo = PPO(PPOConfig(**TINY, compute_dtype="bfloat16", param_dtype="bfloat16"))
     state = algo.init(jax.random.key(0))
     after, metrics = jax.jit(algo.update)(state)
-    return request.param, state, after, metrics
+    return state, after, metrics
 
 
-def test_one_ppo_update_keeps_its_storage_dtypes_and_float32_losses(ppo_update):
-    name, before, after, metrics = ppo_update
-    stored = BF16 if name == "params_bfloat16" else F32
+def test_one_ppo_update_keeps_bfloat16_storage_and_float32_losses(ppo_update):
+    before, after, metrics = ppo_update
     for state in (before, after):
-        assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {stored}
+        assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {BF16}
         adam_state = state.opt_state[1][0]
         moments = jax.tree.leaves((adam_state.mu, adam_state.nu))
-        assert {leaf.dtype for leaf in moments} == {stored}
+        assert {leaf.dtype for leaf in moments} == {BF16}
         assert adam_state.count.dtype == jnp.int32
     assert int(after.opt_state[1][0].count) == 1
     for key in ("loss", "value_loss", "policy_loss"):

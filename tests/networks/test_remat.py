@@ -2,6 +2,7 @@
 ``remat="none"`` and really put checkpoints into the differentiated program."""
 
 import functools
+import math
 
 import chex
 import flax.linen as nn
@@ -99,3 +100,16 @@ def test_remat_puts_checkpoints_into_the_gradient_program(name):
     }[name]
     towers = {"mlp_actor_critic": 3, "residual_actor_critic": 2}.get(name, 1)
     assert counts == {"none": 0, "block": blocks, "full": towers}
+
+
+@pytest.mark.parametrize("name", ["residual_actor_critic", "mlp_q"])
+def test_remat_shrinks_what_the_forward_pass_saves_for_the_backward(name):
+    """Bytes of the residuals ``jax.vjp`` keeps (traced only): block < none, full < block."""
+    saved = {}
+    for remat in ("none", "block", "full"):
+        vjp = jax.eval_shape(
+            lambda p, remat=remat: jax.vjp(loss_of(NETWORKS[name].clone(remat=remat)), p)[1],
+            host_params(name),
+        )
+        saved[remat] = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(vjp))
+    assert saved["full"] < saved["block"] < saved["none"]
