@@ -124,15 +124,34 @@ def test_one_ppo_update_keeps_bfloat16_storage_and_float32_losses(ppo_update):
     for key in ("loss", "value_loss", "policy_loss"):
         assert metrics[key].dtype == F32 and np.isfinite(metrics[key])
     assert all(np.isfinite(np.asarray(x, np.float32)).all() for x in jax.tree.leaves(after.params))
-    # Adam's first step is +-lr (2.5e-4) per element: below half a bfloat16 ulp of every
-    # parameter above ~0.07 in size, so rounding to nearest would keep most of them; stochastic
-    # rounding moves a good share of every kernel.
+    # Every kernel moved (how far rounding lets lr-sized steps go: the next test).
     changed = [
         np.mean(np.asarray(a) != np.asarray(b))
         for a, b in zip(jax.tree.leaves(after.params), jax.tree.leaves(before.params), strict=True)
         if a.size > 16
     ]
-    assert min(changed) > 0.2
+    assert min(changed) > 0
+
+
+def test_adam_moves_bfloat16_parameters_by_steps_below_half_an_ulp_on_average():
+    """Parameters at 1.0 with a constant gradient: Adam steps by lr = 1e-3 each time, under half
+    a bfloat16 ulp below 1 (2**-9), so rounding to nearest would never move them; stochastic
+    rounding moves them by lr per step on average."""
+    n, steps = 4096, 10
+    params = {"w": jnp.ones(n, jnp.bfloat16)}
+    opt = adam(1e-3)
+
+    @jax.jit
+    def step(params, state):
+        updates, state = opt.update({"w": jnp.ones(n, jnp.bfloat16)}, state, params)
+        return optax.apply_updates(params, updates), state
+
+    state = opt.init(params)
+    for _ in range(steps):
+        params, state = step(params, state)
+    assert params["w"].dtype == BF16
+    mean = float(params["w"].astype(jnp.float32).mean())
+    assert mean == pytest.approx(1 - steps * 1e-3, abs=5e-4)
 
 
 def test_stochastic_rounding_to_bfloat16_is_unbiased():
