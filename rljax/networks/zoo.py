@@ -13,7 +13,14 @@ import flax.linen as nn
 from rljax.envs import EnvSpec, image_obs_shape
 from rljax.errors import ConfigError
 from rljax.networks.cnn import HEADS, CNNActorCritic, CNNQNetwork
-from rljax.networks.mlp import ActorCritic, QNetwork, check_tensor_parallel, compute_dtype_of
+from rljax.networks.mlp import (
+    ActorCritic,
+    QNetwork,
+    check_remat,
+    check_tensor_parallel,
+    compute_dtype_of,
+    param_dtype_of,
+)
 from rljax.networks.residual import ResidualActorCritic, ResidualQNetwork
 
 NETWORKS = ("mlp", "residual", "cnn")
@@ -44,8 +51,17 @@ class NetworkSettings:
     the convolutions between policy and value, torso_widths unused) or residual (the residual_*
     fields)."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of the network's matmuls; parameters, optimizer state, outputs and losses stay
-    float32."""
+    """dtype of the network's matmuls; parameters (see param_dtype), optimizer state, outputs and
+    losses stay float32."""
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype the parameters and Adam's two moments are stored in: bfloat16 halves their memory
+    (Adam's arithmetic stays float32, stored back with stochastic rounding); outputs and losses
+    stay float32. Either compute_dtype goes with either param_dtype (float32 compute upcasts the
+    bfloat16 weights)."""
+    remat: Literal["none", "block", "full"] = "none"
+    """rematerialisation: block recomputes each residual block (network=mlp: each layer) in the
+    backward pass from its saved input; full each tower from the observation. Less activation
+    memory, one more forward's compute; the gradients are the same."""
 
 
 def check_network(config, mlp_shards: int) -> None:
@@ -56,6 +72,8 @@ def check_network(config, mlp_shards: int) -> None:
     if config.network not in NETWORKS:
         raise ConfigError(f"network must be one of {list(NETWORKS)}, got {config.network!r}")
     compute_dtype_of(config.compute_dtype)
+    param_dtype_of(getattr(config, "param_dtype", "float32"))
+    check_remat(getattr(config, "remat", "none"))
     if config.network == "cnn":
         check_cnn(config, mlp_shards)
     if config.network == "residual" or (config.network, config.cnn_head) == ("cnn", "residual"):
@@ -81,6 +99,13 @@ def check_cnn(config, mlp_shards: int) -> None:
             )
     if config.cnn_head not in HEADS:
         raise ConfigError(f"cnn_head must be one of {list(HEADS)}, got {config.cnn_head!r}")
+    unsupported = {"param_dtype": "float32", "remat": "none"}
+    for name, only in unsupported.items():
+        if getattr(config, name, only) != only:
+            raise ConfigError(
+                f"{name}={getattr(config, name)!r} is not built for network=cnn (only {only!r}); "
+                f"use network=mlp or residual for {name}={getattr(config, name)!r}"
+            )
     if config.cnn_head == "mlp":
         towers = ("actor", "critic", "q")
         widths = {
@@ -120,6 +145,8 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
             compute_dtype=dtype,
             **cnn_fields(c, spec),
         )
+    precision = {"param_dtype": getattr(c, "param_dtype", "float32")}
+    precision["remat"] = getattr(c, "remat", "none")
     if network == "residual":
         return ResidualActorCritic(
             num_actions=spec.num_actions,
@@ -128,6 +155,7 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
             expansion=c.residual_expansion,
             activation=c.activation,
             compute_dtype=dtype,
+            **precision,
         )
     return ActorCritic(
         num_actions=spec.num_actions,
@@ -136,6 +164,7 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
         torso_widths=getattr(c, "torso_widths", ()),
         activation=c.activation,
         compute_dtype=dtype,
+        **precision,
     )
 
 
@@ -161,6 +190,8 @@ def q_network(config, spec: EnvSpec) -> nn.Module:
             activation=c.activation,
             dueling=c.dueling,
             compute_dtype=c.compute_dtype,
+            param_dtype=c.param_dtype,
+            remat=c.remat,
         )
     return QNetwork(
         num_actions=spec.num_actions,
@@ -168,6 +199,8 @@ def q_network(config, spec: EnvSpec) -> nn.Module:
         activation=c.activation,
         dueling=c.dueling,
         compute_dtype=c.compute_dtype,
+        param_dtype=c.param_dtype,
+        remat=c.remat,
     )
 
 
