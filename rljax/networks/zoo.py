@@ -35,6 +35,10 @@ class NetworkSettings:
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     """dtype of the network's matmuls; parameters, optimizer state, outputs and losses stay
     float32."""
+    normalize_obs: bool = False
+    """feed the network observations normalised by their running mean and variance (merged over
+    data shards, kept in the training state and checkpoints, frozen in evaluation), clipped to
+    +-10."""
 
 
 def check_network(config, mlp_shards: int) -> None:
