@@ -45,6 +45,8 @@ class Evaluator:
 
     def __call__(self, params, key: jax.Array, obs_stats=None) -> dict[str, jax.Array]:
         params = self.algo.acting_params(params)
+        # Only when there are statistics: an algorithm of its own may not take obs_stats.
+        stats = {} if obs_stats is None else {"obs_stats": obs_stats}
         reset_key, steps_key = jax.random.split(key)
         batch = self.env.reset(reset_key)
         num_envs = self.env.num_envs
@@ -52,7 +54,7 @@ class Evaluator:
         def step(carry, step_key):
             batch, total, length, finished = carry
             act_key, env_key = jax.random.split(step_key)
-            action = self.algo.eval_action(params, batch.obs, act_key, self.greedy, obs_stats)
+            action = self.algo.eval_action(params, batch.obs, act_key, self.greedy, **stats)
             batch, tr = self.env.step(env_key, batch, action)
             live = jnp.logical_not(finished)
             total = total + jnp.where(live, tr.reward, 0.0)
