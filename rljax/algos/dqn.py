@@ -17,6 +17,11 @@ ends at its first terminated or truncated step; the target bootstraps from
 termination. Counters (``learning_starts``, epsilon decay, ``train_frequency``,
 ``target_update_interval``) are in environment steps summed over all environments, as in
 PureJaxRL and CleanRL.
+
+``normalize_obs``: every vector step acts on observations normalised with ``state.obs_stats``,
+then merges that step's observations into them. Replay keeps the raw observations; sampled
+windows (``obs`` and the bootstrap ``final_obs``) are normalised with the current statistics, so
+old and new samples reach the network on one scale (Stable-Baselines3's off-policy choice).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ shardings, chunking and logging around them. Shapes: ``T = num_steps``, ``B = nu
 flattened observation, ``A`` the number of actions, ``R`` data-parallel replicas.
 
 Truncation: a time-limit end bootstraps from ``V(final_observation)``; a termination does not.
+``normalize_obs``: see ``ActorCriticAlgorithm.observed_rollout``.
 """
 
 from __future__ import annotations
