@@ -20,7 +20,8 @@ def test_help_lists_every_field_with_defaults():
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
+        # Wide enough that tyro's columns (more as flags are added) never wrap a default.
+        env={**os.environ, "COLUMNS": "1000"},
     )
     assert result.returncode == 0, result.stderr
     for flag in (
