@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from rljax.algos import hparams as hparams_lib
+from rljax.algos import normalize
 from rljax.envs import BatchedEnv, EpisodeStats
 from rljax.errors import ConfigError
 from rljax.parallel.learner import Learner
@@ -100,8 +101,11 @@ class Algorithm:
     def update(self, state) -> tuple[Any, dict[str, jax.Array]]:
         raise NotImplementedError
 
-    def eval_action(self, params, obs: jax.Array, key: jax.Array, greedy: bool = True):
-        """One replica's ``params``, ``obs: [B@batch, D]`` -> actions ``[B@batch]``."""
+    def eval_action(
+        self, params, obs: jax.Array, key: jax.Array, greedy: bool = True, obs_stats=None
+    ):
+        """One replica's ``params``, raw ``obs: [B@batch, D]`` -> actions ``[B@batch]``;
+        ``obs_stats``: the state's frozen ``obs_stats`` (see ``observe``)."""
         raise NotImplementedError
 
     def optimizer_step(self, state):
@@ -129,6 +133,33 @@ class Algorithm:
         specs = nn.get_partition_spec(abstract)
         specs = specs.replace(env=batch_spec_like(abstract.env))
         return self.with_learner(specs, *self.learner.specs())
+
+    # -- observation normalisation (config.normalize_obs) --------------------------------------
+    @property
+    def normalizes_obs(self) -> bool:
+        return bool(getattr(self.config, "normalize_obs", False))
+
+    def init_obs_stats(self) -> normalize.RunningStats | None:
+        """The state's ``obs_stats``: fresh ``RunningStats [D]`` with ``normalize_obs``, else
+        ``None`` (no leaves: the state and its checkpoints are what they were without it)."""
+        return normalize.init_stats(self.env.spec.obs_dim) if self.normalizes_obs else None
+
+    def observe(self, obs_stats, obs: jax.Array) -> jax.Array:
+        """Raw ``obs [..., D]`` -> what the network sees: normalised with ``obs_stats`` (read
+        only, never updated here), or ``obs`` itself without ``normalize_obs``."""
+        if obs_stats is None:
+            if self.normalizes_obs:
+                raise ValueError(
+                    f"{self.name} with normalize_obs=True acts on normalised observations: pass "
+                    "the state's obs_stats"
+                )
+            return obs
+        return normalize.normalize(obs_stats, obs)
+
+    def update_obs_stats(self, obs_stats, obs: jax.Array):
+        """``obs_stats`` merged with raw ``obs [..., D]`` (``None`` stays ``None``). Call it
+        outside any per-replica ``vmap``: the reduction is over the whole (sharded) batch."""
+        return None if obs_stats is None else normalize.update(obs_stats, obs)
 
     def acting_params(self, params):
         """One replica's parameters, whatever the sync strategy's layout."""

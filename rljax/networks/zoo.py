@@ -62,6 +62,10 @@ class NetworkSettings:
     """rematerialisation: block recomputes each residual block (network=mlp: each layer) in the
     backward pass from its saved input; full each tower from the observation. Less activation
     memory, one more forward's compute; the gradients are the same."""
+    normalize_obs: bool = False
+    """feed the network observations normalised by their running mean and variance (merged over
+    data shards, kept in the training state and checkpoints, frozen in evaluation), clipped to
+    +-10."""
 
 
 def check_network(config, mlp_shards: int) -> None:
