@@ -58,9 +58,7 @@ RUN_GROUPS = {
 # on to it): one flag for one thing.
 HIDDEN = {("distributed", "num_cpu_devices")}
 PRESET_HELP = "named settings applied before the flags (`rljax presets` lists them)."
-DRY_RUN_HELP = (
-    "compile without running and print the memory plan (as `rljax plan`); writes nothing."
-)
+DRY_RUN_HELP = "print the memory plan (as `rljax plan`) instead of training."
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,9 +37,8 @@ class ParallelConfig:
     seed_axis: Literal["none", "data"] = "none"
     """'data' places the seeds on the data axis (each seed's envs then stay on one data shard)."""
     memory_per_device: str | None = _resumable(None)
-    """device memory a run may use, e.g. 16GB, 512MiB or 2e9 bytes: a run whose compiled program
-    needs more stops before training, naming a mesh that would fit (default: the device's own
-    limit where JAX reports one, none on CPU)."""
+    """memory a device may use (16GB, 512MiB, 2e9): a run needing more stops before training
+    (default: the device's own limit; none on CPU)."""
 
 
 @dataclasses.dataclass(frozen=True)

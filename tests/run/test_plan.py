@@ -1,6 +1,7 @@
 """The memory plan: figures from the compiled programs, the budget check and its message."""
 
 import dataclasses
+import json
 import re
 
 import jax
@@ -117,3 +118,21 @@ def test_a_run_over_its_budget_stops_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError, match=expected):
         train(dataclasses.replace(TINY, actor_widths=(256, 256)), run)
     assert not (tmp_path / "runs" / "big").exists()
+
+
+def test_config_json_records_the_plan_and_a_resume_may_change_the_budget(tmp_path):
+    run = RunConfig.make(mesh="data=2", eval_every=0, quiet=True, log_every=2,
+                         runs_dir=str(tmp_path), run_name="r")  # fmt: skip
+    train(TINY, run)
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    fresh = config["memory_plan"]
+    assert fresh["mesh"].startswith("data=2") and fresh["budget"] is None and fresh["fits"]
+    assert fresh["bytes_per_device"]["temporaries"] > 0 and fresh["param_count"] > 0
+    longer = dataclasses.replace(TINY, total_timesteps=2 * TINY.total_timesteps)
+    result = train(longer, run.replace(resume=str(tmp_path / "r"), memory_per_device="16GB"))
+    assert result.resumed_from == 2 and result.updates_done == 4
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["memory_plan"] == fresh  # the original start's record is kept as it was
+    (record,) = config["resumes"]
+    assert record["memory_plan"]["budget"] == 16 * 10**9
+    assert record["changed"]["run.parallel.memory_per_device"]["new"] == "16GB"
