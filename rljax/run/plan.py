@@ -178,10 +178,13 @@ class Plan:
         if self.suggestion is not None:
             spec, need = self.suggestion
             return f"{text}; a mesh that would fit: --mesh {spec} (about {h(need)} per device)"
-        lower = " or ".join(self.hints) if self.hints else "the sizes"
+        lower = [h for h in self.hints if not h.startswith("--compute-dtype")]
+        tries = [h for h in self.hints if h.startswith("--compute-dtype")]
+        advice = f"lower {', '.join(lower) or 'the sizes'}"
+        advice += "".join(f", try {t}" for t in tries)
         return (
-            f"{text}; no mesh of the {self.available_devices} device(s) fits: lower {lower}, or "
-            "use more devices"
+            f"{text}; no mesh of the {self.available_devices} device(s) fits: {advice}, or use "
+            "more devices"
         )
 
     def check(self) -> Plan:
