@@ -4,6 +4,7 @@
     rljax train ppo --preset minatar --lr 1e-3       # a named preset, flags override it
     rljax train ppo --resume runs/<name>             # continue a stopped run
     rljax sweep ppo --lr 1e-4,3e-4 --ent-coef 0,0.01 --seeds 0,1,2
+    rljax plan ppo --mesh data=2,model=2 --num-devices 4   # compile only: memory per device
     rljax presets                                    # the named presets
     rljax launch -n 2 --devices-per-process 2 --cpu -- train ppo --mesh data=2,model=2
 
@@ -18,7 +19,10 @@ an existing run directory (without ``--overwrite``) or one in use by another run
 values or with nothing to resume exits 1; SIGINT/SIGTERM during training save a checkpoint and
 exit 0, before the first chunk they print one line and exit 130/143 (a fresh run's directory
 removed). ``rljax sweep`` is ``rljax.run.sweep.sweep_groups``; ``rljax launch`` is
-``rljax.launch.main``.
+``rljax.launch.main``. ``rljax plan <algo>`` (or ``rljax train <algo> --dry-run``) takes the train
+flags, compiles without running and prints ``rljax.run.plan``'s memory plan, writing nothing; a
+plan over ``--memory-per-device`` (or the device's own limit) ends with one ``error:`` line naming
+the figures and a mesh that would fit (exit 2), as the same check does before a run trains.
 """
 
 from __future__ import annotations
@@ -38,16 +42,17 @@ import tyro
 from rljax import presets
 from rljax.algos import ALGORITHMS
 from rljax.cli_flags import command_type as command_type  # re-exported
-from rljax.cli_flags import flags_of, from_command, to_command
+from rljax.cli_flags import dry_run_of, flags_of, from_command, to_command
 from rljax.distributed import exit_process, initialize
 from rljax.errors import ConfigError, TrainingError
 from rljax.run.config import RunConfig
 from rljax.run.resume import config_from_dict, read_run_config
 from rljax.run.sharded import config_type_of, registered_names
 
-USAGE = """usage: rljax {train,sweep,presets,launch} ...
+USAGE = """usage: rljax {train,plan,sweep,presets,launch} ...
 
   rljax train {%(algos)s} [flags]    train an algorithm (rljax train ppo --help: every flag)
+  rljax plan {%(algos)s} [train flags]   compile only: parameters and memory per device
   rljax sweep {%(algos)s} --lr 1e-4,3e-4 --seeds 0,1 [train flags]   a grid of settings
   rljax presets                    the named presets (--preset NAME)
   rljax launch -n N [options] -- train ...   run N cooperating processes on this machine
@@ -147,6 +152,14 @@ SWEEP_HELP = (
 )
 
 
+PLAN_HELP = (
+    "Plan {algo}: the train flags; compiles the run without running it and prints the parameter "
+    "count and the bytes per device of parameters, optimizer state, gradients and temporaries "
+    "(XLA's memory analysis), the largest array and the budget (--memory-per-device, or the "
+    "device's own limit). Writes nothing; exit 2 when the run would not fit."
+)
+
+
 def parse(algorithm: str, args: list[str], default, command: str = "train") -> object:
     """tyro's parse of ``rljax train <algorithm>`` flags; a parse error raises ``ConfigError``
     with one line (--help prints and exits 0 as usual)."""
@@ -155,6 +168,8 @@ def parse(algorithm: str, args: list[str], default, command: str = "train") -> o
     if command == "sweep":
         floats = ", ".join(ALGORITHMS[algorithm].sweepable())
         description = SWEEP_HELP.format(algo=algorithm, floats=floats)
+    elif command == "plan":
+        description = PLAN_HELP.format(algo=algorithm)
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
@@ -220,9 +235,15 @@ def defaults(algorithm: str, argv: list[str]):
 
 def parse_train(argv: list[str], command: str = "train"):
     """``rljax train <algo> [flags]`` -> (algorithm, algo config, RunConfig, DistributedConfig)."""
+    algorithm, *configs, _ = parse_command(argv, command)
+    return (algorithm, *configs)
+
+
+def parse_command(argv: list[str], command: str = "train"):
+    """``parse_train``'s tuple and whether ``--dry-run`` was given."""
     algorithm = _check_algorithm(argv, command)
     parsed = parse(algorithm, argv[1:], defaults(algorithm, argv[1:]), command)
-    return (algorithm, *from_command(algorithm, parsed))
+    return (algorithm, *from_command(algorithm, parsed), dry_run_of(parsed))
 
 
 # -- commands -------------------------------------------------------------------------------------
@@ -250,19 +271,32 @@ def _guarded(body) -> int:
     return 0
 
 
-def train_main(argv: list[str]) -> int:
-    """``rljax train ...``: parse, join a multi-process job if asked, train; the exit code."""
+def train_main(argv: list[str], command: str = "train") -> int:
+    """``rljax train ...``: parse, join a multi-process job if asked, train (``rljax plan`` or
+    ``--dry-run``: print the memory plan instead); the exit code."""
 
     def body():
-        _, algo, run, distributed = parse_train(argv)
+        _, algo, run, distributed, dry_run = parse_command(argv, command)
         # Joins a multi-process job when flags or the environment (rljax launch, SLURM, TPU pod
         # with --auto) say so; before anything touches JAX.
         initialize(distributed)
+        if dry_run or command == "plan":
+            from rljax.run.plan import plan
+
+            result = plan(algo, run)
+            print(result.table())
+            result.check()
+            return
         from rljax.run.training import train  # after parsing: --help stays fast
 
         train(algo, run)
 
     return _guarded(body)
+
+
+def plan_main(argv: list[str]) -> int:
+    """``rljax plan <algo> [train flags]``: the memory plan, nothing trained or written."""
+    return train_main(argv, "plan")
 
 
 def _is_listable(kind) -> bool:
@@ -330,7 +364,9 @@ def sweep_main(argv: list[str]) -> int:
         rest, lists, seeds = _split_lists(algorithm, argv[1:])
         if _flag_value(rest, "--resume") is not None:
             raise ConfigError("rljax sweep cannot --resume; start the sweep again")
-        _, algo, run, distributed = parse_train([algorithm, *rest], "sweep")
+        _, algo, run, distributed, dry_run = parse_command([algorithm, *rest], "sweep")
+        if dry_run:
+            raise ConfigError("rljax sweep has no --dry-run; plan one setting with rljax plan")
         initialize(distributed)
         from rljax.run.sweep import sweep_groups
 
@@ -353,9 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         exit_process(main(sys.argv[1:]))
     argv = list(argv)
     command, rest = (argv[0], argv[1:]) if argv else (None, [])
-    commands = {"train": train_main, "sweep": sweep_main, "presets": presets_main}
+    commands = {"train": train_main, "plan": plan_main, "sweep": sweep_main}
+    commands["presets"] = presets_main
     usage = USAGE % {"algos": ",".join(registered_names())}
-    if command in ("train", "sweep") and (not rest or rest[0] in ("-h", "--help")):
+    if command in ("train", "plan", "sweep") and (not rest or rest[0] in ("-h", "--help")):
         print(usage, end="")
         return 0 if rest else 2
     if command in commands:
@@ -368,5 +405,5 @@ def main(argv: list[str] | None = None) -> int:
         print(usage, end="")
         return 0
     what = f"unknown command {command!r}" if command else "no command given"
-    print(f"{usage}error: {what}; expected train, sweep, presets or launch", file=sys.stderr)
+    print(f"{usage}error: {what}; expected train, plan, sweep, presets or launch", file=sys.stderr)
     return 2

@@ -21,6 +21,7 @@ import tyro
 
 from rljax import presets
 from rljax.distributed import DistributedConfig
+from rljax.networks.zoo import NetworkSettings
 from rljax.run.config import RunConfig
 from rljax.run.sharded import config_type_of
 
@@ -41,12 +42,7 @@ NETWORK_FIELDS = {
     "q_widths",
     "activation",
     "dueling",
-    "network",
-    "residual_width",
-    "residual_depth",
-    "residual_expansion",
-    "compute_dtype",
-}
+} | {f.name for f in dataclasses.fields(NetworkSettings)}
 RUN_GROUPS = {
     "parallel": "parallelism",
     "logging": "logging",
@@ -58,6 +54,7 @@ RUN_GROUPS = {
 # on to it): one flag for one thing.
 HIDDEN = {("distributed", "num_cpu_devices")}
 PRESET_HELP = "named settings applied before the flags (`rljax presets` lists them)."
+DRY_RUN_HELP = "print the memory plan (as `rljax plan`) instead of training."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +130,7 @@ def flags_of(algorithm: str) -> tuple[Flag, ...]:
     names = presets.names_for(algorithm)
     help_ = f"{PRESET_HELP[:-1]}; for {algorithm}: {', '.join(names) or 'none'}."
     flags.append(Flag("preset", ("preset",), "run", str | None, help_))
+    flags.append(Flag("dry_run", ("dry_run",), "run", bool, DRY_RUN_HELP))
     names = [f.name for f in flags]
     assert len(names) == len(set(names)), "flag names must be unique"
     order = list(GROUPS)  # within parallelism: the mesh before the gradient sync
@@ -178,7 +176,12 @@ def _values(algorithm: str, algo, run, distributed, preset: str | None = None) -
     roots = {"algo": algo, "run": run, "distributed": distributed}
     out = {}
     for f in flags_of(algorithm):
-        out[f.name] = preset if f.path == ("preset",) else _get(roots[f.path[0]], f.path[1:])
+        if f.path == ("preset",):
+            out[f.name] = preset
+        elif f.path == ("dry_run",):
+            out[f.name] = False
+        else:
+            out[f.name] = _get(roots[f.path[0]], f.path[1:])
     return out
 
 
@@ -223,3 +226,7 @@ def from_command(algorithm: str, command) -> tuple[Any, RunConfig, DistributedCo
 
 def preset_of(command) -> str | None:
     return command.run.preset
+
+
+def dry_run_of(command) -> bool:
+    return bool(command.run.dry_run)

@@ -20,7 +20,9 @@ def test_help_lists_every_field_with_defaults():
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
+        # One column of groups (tyro sets them side by side from 130 columns, narrower the more
+        # flags there are), so no flag's help wraps inside its default.
+        env={**os.environ, "COLUMNS": "120"},
     )
     assert result.returncode == 0, result.stderr
     for flag in (
@@ -69,6 +71,9 @@ def test_short_run_writes_config_metrics_and_plot(tmp_path, capsys, seeds):
     config = json.loads((run_dir / "config.json").read_text())
     assert config["algorithm"] == "ppo" and config["mesh"]["spec"] == "data=2,model=2"
     assert config["algo"]["num_steps"] == 16
+    plan = config["memory_plan"]  # the compiled programs' figures, per device
+    assert plan["mesh"] == "data=2,model=2" and plan["num_seeds"] == seeds
+    assert plan["bytes_per_device"]["total"] >= plan["bytes_per_device"]["temporaries"] > 0
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["update"] for r in rows] == list(range(1, 7))
     assert rows[-1]["env_steps"] == 6 * 64
@@ -82,7 +87,7 @@ def test_top_level_commands_and_console_script(capsys):
     # subcommands from the registry
     assert "rljax train {" + ",".join(ALGORITHMS) + "}" in capsys.readouterr().out
     assert main(["trian", "ppo"]) == 2
-    assert "error: unknown command 'trian'; expected train, sweep, presets or launch" in (
+    assert "error: unknown command 'trian'; expected train, plan, sweep, presets or launch" in (
         capsys.readouterr().err
     )
     assert main(["train", "sac"]) == 2
@@ -201,3 +206,40 @@ def test_help_groups_every_flag_with_a_description(algorithm):
 def test_train_and_sweep_without_algorithm_print_usage(capsys):
     assert main(["train", "--help"]) == 0 and "rljax sweep {" in capsys.readouterr().out
     assert main(["sweep"]) == 2
+
+
+def test_plan_prints_the_figures_writes_nothing_and_one_error_over_budget(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    args = ["plan", "ppo", "--mesh", "data=2", "--num-envs", "8", "--num-steps", "8",
+            "--total-timesteps", "128", "--update-epochs", "1", "--num-minibatches", "1",
+            "--runs-dir", str(runs), "--memory-per-device", "1kB"]  # fmt: skip
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith("memory plan: ppo on CartPole-v1, mesh data=2,model=1 (2 devices)")
+    budget = "budget: 1.0 kB per device (--memory-per-device)"
+    expected = ["parameters: ", "optimizer state", "gradients", "activations/temporaries", budget]
+    expected.append("largest array: params")
+    assert all(line in out for line in expected), out
+    assert len(err.splitlines()) == 1 and "Traceback" not in out + err
+    assert err.startswith("error: this run needs ") and "--memory-per-device allows 1.0 kB" in err
+    assert "no mesh of the 8 device(s) fits: lower " in err
+    assert not runs.exists()
+
+
+def test_dry_run_plans_instead_of_training(no_training, monkeypatch, capsys, tmp_path):
+    import rljax.run.plan
+
+    class Planned:
+        def table(self):
+            return "memory plan: (table)"
+
+        def check(self):
+            return self
+
+    seen = []
+    monkeypatch.setattr(rljax.run.plan, "plan", lambda algo, run: seen.append(run) or Planned())
+    assert main(["train", "ppo", "--dry-run", "--runs-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "memory plan: (table)\n"
+    assert len(seen) == 1 and no_training == [] and list(tmp_path.iterdir()) == []
+    assert main(["sweep", "ppo", "--lr", "1e-4,3e-4", "--dry-run"]) == 2
+    assert "rljax sweep has no --dry-run" in one_error_line(capsys)

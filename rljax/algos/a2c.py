@@ -143,7 +143,8 @@ class A2C(ActorCriticAlgorithm):
         opt_state = self.optimizer.init(params)
         env = self.env.reset(env_key)
         step = jnp.zeros((), jnp.int32)
-        return A2CState(params, opt_state, {}, env, key, step, self.initial_hparams())
+        hparams, obs_stats = self.initial_hparams(), self.init_obs_stats()
+        return A2CState(params, opt_state, {}, env, key, step, hparams, obs_stats)
 
     # -- learning ---------------------------------------------------------------------------------
     def advantages(self, params, rollout: Rollout, hparams: dict[str, jax.Array]):
@@ -182,7 +183,8 @@ class A2C(ActorCriticAlgorithm):
     def update(self, state: A2CState) -> tuple[A2CState, dict[str, jax.Array]]:
         """One A2C iteration: rollout, advantages, one gradient step on the whole rollout."""
         key, rollout_key = jax.random.split(state.key)
-        env, rollout = self.rollout(state.params, state.env, rollout_key)
+        env, rollout = self.rollout(state.params, state.env, rollout_key, state.obs_stats)
+        obs_stats, rollout, _ = self.observed_rollout(state.obs_stats, env, rollout)
         advantages, returns = self.advantages(state.params, rollout, state.hparams)
         tr = rollout.transition
         samples = A2CBatch(tr.obs, rollout.action, advantages, returns)
@@ -200,7 +202,8 @@ class A2C(ActorCriticAlgorithm):
             terminations=tr.terminated.sum(),
             **episode_metrics(env.stats),
         )
-        state = state.replace(key=key, env=env, update_step=state.update_step + 1)
+        step = state.update_step + 1
+        state = state.replace(key=key, env=env, update_step=step, obs_stats=obs_stats)
         return self.with_learner(state, params, opt_state, sync), metrics
 
     def optimizer_step(self, state: A2CState) -> A2CState:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from rljax.algos.base import Algorithm
+from rljax.algos.normalize import RunningStats
 from rljax.envs import EnvBatch, Transition
 from rljax.networks import distributions, zoo
 
@@ -27,6 +28,7 @@ class ActorCriticState:
     key: jax.Array
     update_step: jax.Array  # int32 scalar: updates done
     hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
+    obs_stats: RunningStats | None = None  # normalize_obs: running statistics [D], replicated
 
 
 class Rollout(struct.PyTreeNode):
@@ -91,22 +93,48 @@ class ActorCriticAlgorithm(Algorithm):
         apply = lambda p, o: self.network.apply(p, o, method="value")  # noqa: E731
         return self.learner.apply(apply, params, obs)
 
-    def eval_action(self, params, obs, key, greedy: bool = True) -> jax.Array:
+    def eval_action(self, params, obs, key, greedy: bool = True, obs_stats=None) -> jax.Array:
         """One replica's parameters: argmax of the logits, or a sample."""
-        logits, _ = self.network.apply(params, obs)
+        logits, _ = self.network.apply(params, self.observe(obs_stats, obs))
         if greedy:
             return jnp.argmax(logits, axis=-1).astype(jnp.int32)
         return distributions.sample(key, logits)
 
-    def rollout(self, params, env: EnvBatch, key: jax.Array) -> tuple[EnvBatch, Rollout]:
-        """``num_steps`` batched steps -> the new ``EnvBatch`` and a ``Rollout`` ``[T, B]``."""
+    def rollout(
+        self, params, env: EnvBatch, key: jax.Array, obs_stats=None
+    ) -> tuple[EnvBatch, Rollout]:
+        """``num_steps`` batched steps -> the new ``EnvBatch`` and a ``Rollout`` ``[T, B]`` of raw
+        observations. The policy sees them through ``observe(obs_stats, .)``: ``obs_stats`` is
+        frozen for the whole rollout."""
 
         def step(env, step_key):
             act_key, env_key = jax.random.split(step_key)
-            logits, value = self.policy(params, env.obs)
+            logits, value = self.policy(params, self.observe(obs_stats, env.obs))
             action = distributions.sample(act_key, logits)
             log_prob = distributions.log_prob(logits, action)
             env, transition = self.env.step(env_key, env, action)
             return env, Rollout(transition, action, log_prob, value)
 
         return jax.lax.scan(step, env, jax.random.split(key, self.config.num_steps))
+
+    def observed_rollout(
+        self, obs_stats, env: EnvBatch, rollout: Rollout
+    ) -> tuple[Any, Rollout, jax.Array]:
+        """After ``rollout(..., obs_stats)``: ``(obs_stats merged with the rollout's observations,
+        the rollout and the batch's last observation [B@batch, D] as the network saw them)``.
+
+        The update learns from observations normalised with the ``obs_stats`` the rollout acted
+        with, not the merged ones: the loss then sees exactly the inputs behind the behaviour
+        log-probabilities and values (PPO's first ratio is 1), and the new data shapes the
+        normalisation from the next rollout on. Without ``normalize_obs`` nothing changes."""
+        if obs_stats is None:
+            return None, rollout, env.obs
+        tr = rollout.transition
+        observed = tr._replace(
+            obs=self.observe(obs_stats, tr.obs), final_obs=self.observe(obs_stats, tr.final_obs)
+        )
+        return (
+            self.update_obs_stats(obs_stats, tr.obs),
+            rollout.replace(transition=observed),
+            self.observe(obs_stats, env.obs),
+        )

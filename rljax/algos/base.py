@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from rljax.algos import hparams as hparams_lib
+from rljax.algos import normalize
 from rljax.envs import BatchedEnv, EpisodeStats
 from rljax.errors import ConfigError
 from rljax.parallel.learner import Learner
@@ -100,8 +101,11 @@ class Algorithm:
     def update(self, state) -> tuple[Any, dict[str, jax.Array]]:
         raise NotImplementedError
 
-    def eval_action(self, params, obs: jax.Array, key: jax.Array, greedy: bool = True):
-        """One replica's ``params``, ``obs: [B@batch, D]`` -> actions ``[B@batch]``."""
+    def eval_action(
+        self, params, obs: jax.Array, key: jax.Array, greedy: bool = True, obs_stats=None
+    ):
+        """One replica's ``params``, raw ``obs: [B@batch, D]`` -> actions ``[B@batch]``;
+        ``obs_stats``: the state's frozen ``obs_stats`` (see ``observe``)."""
         raise NotImplementedError
 
     def optimizer_step(self, state):
@@ -130,6 +134,33 @@ class Algorithm:
         specs = specs.replace(env=batch_spec_like(abstract.env))
         return self.with_learner(specs, *self.learner.specs())
 
+    # -- observation normalisation (config.normalize_obs) --------------------------------------
+    @property
+    def normalizes_obs(self) -> bool:
+        return bool(getattr(self.config, "normalize_obs", False))
+
+    def init_obs_stats(self) -> normalize.RunningStats | None:
+        """The state's ``obs_stats``: fresh ``RunningStats [D]`` with ``normalize_obs``, else
+        ``None`` (no leaves: the state and its checkpoints are what they were without it)."""
+        return normalize.init_stats(self.env.spec.obs_dim) if self.normalizes_obs else None
+
+    def observe(self, obs_stats, obs: jax.Array) -> jax.Array:
+        """Raw ``obs [..., D]`` -> what the network sees: normalised with ``obs_stats`` (read
+        only, never updated here), or ``obs`` itself without ``normalize_obs``."""
+        if obs_stats is None:
+            if self.normalizes_obs:
+                raise ValueError(
+                    f"{self.name} with normalize_obs=True acts on normalised observations: pass "
+                    "the state's obs_stats"
+                )
+            return obs
+        return normalize.normalize(obs_stats, obs)
+
+    def update_obs_stats(self, obs_stats, obs: jax.Array):
+        """``obs_stats`` merged with raw ``obs [..., D]`` (``None`` stays ``None``). Call it
+        outside any per-replica ``vmap``: the reduction is over the whole (sharded) batch."""
+        return None if obs_stats is None else normalize.update(obs_stats, obs)
+
     def acting_params(self, params):
         """One replica's parameters, whatever the sync strategy's layout."""
         return self.learner.acting_params(params)
@@ -153,14 +184,110 @@ def adam(
 ) -> optax.GradientTransformation:
     """Adam with optional global-norm clipping (``max_grad_norm > 0``) and a learning-rate
     ``decay(count) -> fraction`` of ``lr``. ``traced_lr``: a unit rate, so that the learner's
-    ``step(scale=lr)`` can multiply in a traced learning rate (sweeps)."""
+    ``step(scale=lr)`` can multiply in a traced learning rate (sweeps).
+
+    Adam's moments are stored in the dtype of the parameters they belong to (optax's own
+    default), so bfloat16 parameters (``--param-dtype bfloat16``) get bfloat16 moments: half the
+    bytes. Gradients, clipping and Adam's arithmetic are float32 whatever the storage; a value
+    stored back into bfloat16 (moments; parameters, unless ``traced_lr``) is rounded
+    stochastically, because round-to-nearest loses every change smaller than half a bfloat16
+    ulp (2**-9 relative): ``nu``'s decay by ``b2 = 0.999`` and most ``lr``-sized parameter
+    steps. For float32 parameters this is exactly ``optax.adam`` (same state tree)."""
     chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
     if traced_lr:
-        chain.append(optax.scale_by_adam(eps=eps))
+        chain.append(_adam_moments_stored(eps))
         chain.append(optax.scale_by_schedule(lambda n: -decay(n)) if decay else optax.scale(-1.0))
     else:
-        chain.append(optax.adam((lambda n: lr * decay(n)) if decay else lr, eps=eps))
-    return optax.chain(*chain)
+        schedule = (lambda n: lr * decay(n)) if decay else lr
+        chain.append(
+            _params_rounded(
+                optax.chain(_adam_moments_stored(eps), optax.scale_by_learning_rate(schedule))
+            )
+        )
+    return _float32_gradients(optax.chain(*chain))
+
+
+# -- storage narrower than float32 ----------------------------------------------------------------
+_ROUNDING_SEED = 0x5EED  # stochastic rounding's bits: from this and Adam's step count
+
+
+def _narrow(x) -> bool:
+    return jnp.dtype(x.dtype) == jnp.bfloat16
+
+
+def _float32(tree):
+    return jax.tree.map(lambda x: x.astype(jnp.float32) if _narrow(x) else x, tree)
+
+
+def stochastic_round(x: jax.Array, dtype, key: jax.Array) -> jax.Array:
+    """float32 ``x`` -> ``dtype`` (float32 or bfloat16); to bfloat16 rounded up or down at
+    random with probability proportional to the distance, so the expected value is ``x``."""
+    if jnp.dtype(dtype) != jnp.bfloat16:
+        return x.astype(dtype)
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    # bfloat16 is float32's upper 16 bits: add uniform noise below them, then truncate.
+    noise = jax.random.bits(key, x.shape, jnp.uint32) & jnp.uint32(0xFFFF)
+    truncated = (bits + noise) & jnp.uint32(0xFFFF0000)
+    return jax.lax.bitcast_convert_type(truncated, jnp.float32).astype(jnp.bfloat16)
+
+
+def _round_like(values, like, key):
+    """float32 ``values`` stored back in the dtypes of ``like`` (same tree)."""
+    leaves, treedef = jax.tree.flatten(values)
+    dtypes = [x.dtype for x in jax.tree.leaves(like)]
+    keys = [jax.random.fold_in(key, i) for i in range(len(leaves))]
+    return treedef.unflatten(
+        [stochastic_round(v, d, k) for v, d, k in zip(leaves, dtypes, keys, strict=True)]
+    )
+
+
+def _rounding_key(count, stream: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(_ROUNDING_SEED), count), stream)
+
+
+def _float32_gradients(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``inner`` fed float32 gradients (bfloat16 parameters have bfloat16 gradients)."""
+
+    def update(updates, state, params=None):
+        return inner.update(_float32(updates), state, params)
+
+    return optax.GradientTransformation(inner.init, update)
+
+
+def _adam_moments_stored(eps: float) -> optax.GradientTransformation:
+    """``optax.scale_by_adam`` computing in float32, its moments stored in the parameters'
+    dtypes (``ScaleByAdamState``; ``nu``'s dtype already follows the parameters in optax, ``mu``'s
+    does with ``mu_dtype=None``)."""
+    inner = optax.scale_by_adam(eps=eps)
+
+    def update(updates, state, params=None):
+        if not any(_narrow(x) for x in jax.tree.leaves((state.mu, state.nu))):
+            return inner.update(updates, state, params)
+        wide = state._replace(mu=_float32(state.mu), nu=_float32(state.nu))
+        updates, new = inner.update(_float32(updates), wide, params)
+        mu = _round_like(new.mu, state.mu, _rounding_key(new.count, 0))
+        nu = _round_like(new.nu, state.nu, _rounding_key(new.count, 1))
+        return updates, new._replace(mu=mu, nu=nu)
+
+    return optax.GradientTransformation(inner.init, update)
+
+
+def _params_rounded(adam_chain: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``adam_chain``'s float32 updates of bfloat16 parameters replaced by ``new - params``, where
+    ``new`` is ``params + updates`` rounded stochastically to bfloat16: ``apply_updates`` then
+    stores exactly ``new``. The state (and its tree) is ``adam_chain``'s; the rounding's bits
+    come from its Adam step count, the same on every replica."""
+
+    def update(updates, state, params=None):
+        updates, state = adam_chain.update(updates, state, params)
+        if params is None or not any(_narrow(p) for p in jax.tree.leaves(params)):
+            return updates, state
+        p32 = _float32(params)
+        new = jax.tree.map(lambda p, u: p + u.astype(jnp.float32), p32, updates)
+        new = _round_like(new, params, _rounding_key(state[0].count, 2))
+        return jax.tree.map(lambda n, p: n.astype(jnp.float32) - p, new, p32), state
+
+    return optax.GradientTransformation(adam_chain.init, update)
 
 
 def episode_metrics(stats: EpisodeStats) -> dict[str, jax.Array]:

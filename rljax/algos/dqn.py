@@ -17,6 +17,11 @@ ends at its first terminated or truncated step; the target bootstraps from
 termination. Counters (``learning_starts``, epsilon decay, ``train_frequency``,
 ``target_update_interval``) are in environment steps summed over all environments, as in
 PureJaxRL and CleanRL.
+
+``normalize_obs``: every vector step acts on observations normalised with ``state.obs_stats``,
+then merges that step's observations into them. Replay keeps the raw observations; sampled
+windows (``obs`` and the bootstrap ``final_obs``) are normalised with the current statistics, so
+old and new samples reach the network on one scale (Stable-Baselines3's off-policy choice).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from flax import struct
 
 from rljax.algos.base import Algorithm, adam, check_divisible, episode_metrics, resumable
 from rljax.algos.base import sweepable as sweepable_field
+from rljax.algos.normalize import RunningStats
 from rljax.algos.td import bootstrap_value, nstep_return, td_loss
 from rljax.buffers import ReplayBuffer, add, init_buffer, sample, update_priorities
 from rljax.buffers.replay import buffer_logical_specs
@@ -132,6 +138,7 @@ class DQNState:
     update_step: jax.Array  # int32: update() calls done
     env_steps: jax.Array  # int32: environment steps done (all envs)
     hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
+    obs_stats: RunningStats | None = None  # normalize_obs: running statistics [D], replicated
 
 
 class ReplayItem(NamedTuple):
@@ -268,8 +275,8 @@ class DQN(Algorithm):
         buffer = init_buffer(self._buffer_item(env.obs), c.buffer_size, c.prioritized)
         zero = jnp.zeros((), jnp.int32)
         opt_state = self.optimizer.init(params)
-        hparams = self.initial_hparams()
-        return DQNState(params, params, opt_state, {}, env, buffer, key, zero, zero, hparams)
+        hparams, stats = self.initial_hparams(), self.init_obs_stats()
+        return DQNState(params, params, opt_state, {}, env, buffer, key, zero, zero, hparams, stats)
 
     def with_learner(self, state, params, opt_state, sync):
         # The target network starts as a copy of the online one, in the same layout.
@@ -301,10 +308,11 @@ class DQN(Algorithm):
         explore = jax.random.uniform(explore_key, (b,)) < epsilon
         return jnp.where(explore, random_action, greedy)
 
-    def eval_action(self, params, obs, key, greedy: bool = True) -> jax.Array:
+    def eval_action(self, params, obs, key, greedy: bool = True, obs_stats=None) -> jax.Array:
         """One replica's parameters: argmax Q (no exploration; ``greedy`` has no other mode)."""
         del key, greedy
-        return jnp.argmax(self.network.apply(params, obs), axis=-1).astype(jnp.int32)
+        q = self.network.apply(params, self.observe(obs_stats, obs))
+        return jnp.argmax(q, axis=-1).astype(jnp.int32)
 
     # -- learning ---------------------------------------------------------------------------------
     def targets(self, params, target_params, window: ReplayItem, gamma) -> jax.Array:
@@ -335,7 +343,12 @@ class DQN(Algorithm):
     def _gradient_step(self, state: DQNState, key) -> tuple[DQNState, dict[str, jax.Array]]:
         c = self.config
         drawn = sample(state.buffer, key, c.batch_size, c.n_step, self._per_beta(state.env_steps))
-        window = drawn.window
+        # Replay holds raw observations: every sample is normalised with the current statistics,
+        # the ones the network acts with now, however old the sample.
+        window = drawn.window._replace(
+            obs=self.observe(state.obs_stats, drawn.window.obs),
+            final_obs=self.observe(state.obs_stats, drawn.window.final_obs),
+        )
         gamma = self.resolve(state.hparams).gamma
         target = self.targets(state.params, state.target_params, window, gamma)
         batch = DQNBatch(window.obs[:, 0], window.action[:, 0], target, drawn.weight)
@@ -365,12 +378,14 @@ class DQN(Algorithm):
         c = self.config
         act_key, env_key, train_key = jax.random.split(key, 3)
         epsilon = self.epsilon(state.env_steps)
-        action = self.act(state.params, state.env.obs, act_key, epsilon)
+        observed = self.observe(state.obs_stats, state.env.obs)
+        action = self.act(state.params, observed, act_key, epsilon)
         env, tr = self.env.step(env_key, state.env, action)
         item = ReplayItem(tr.obs, action, tr.reward, tr.terminated, tr.truncated, tr.final_obs)
         buffer = add(state.buffer, item)
         previous, env_steps = state.env_steps, state.env_steps + c.num_envs
-        state = state.replace(env=env, buffer=buffer, env_steps=env_steps)
+        obs_stats = self.update_obs_stats(state.obs_stats, tr.obs)  # whole batch, every step
+        state = state.replace(env=env, buffer=buffer, env_steps=env_steps, obs_stats=obs_stats)
 
         due = env_steps // c.train_frequency > previous // c.train_frequency
         learn = jnp.logical_and(env_steps > c.learning_starts, due)

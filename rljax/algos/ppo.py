@@ -9,6 +9,7 @@ shardings, chunking and logging around them. Shapes: ``T = num_steps``, ``B = nu
 flattened observation, ``A`` the number of actions, ``R`` data-parallel replicas.
 
 Truncation: a time-limit end bootstraps from ``V(final_observation)``; a termination does not.
+``normalize_obs``: see ``ActorCriticAlgorithm.observed_rollout``.
 """
 
 from __future__ import annotations
@@ -200,7 +201,8 @@ class PPO(ActorCriticAlgorithm):
         opt_state = self.optimizer.init(params)
         env = self.env.reset(env_key)
         step = jnp.zeros((), jnp.int32)
-        return PPOState(params, opt_state, {}, env, key, step, self.initial_hparams())
+        hparams, obs_stats = self.initial_hparams(), self.init_obs_stats()
+        return PPOState(params, opt_state, {}, env, key, step, hparams, obs_stats)
 
     # -- learning targets ---------------------------------------------------------------------
     def next_values(self, params, rollout: Rollout, last_obs: jax.Array) -> jax.Array:
@@ -285,9 +287,10 @@ class PPO(ActorCriticAlgorithm):
         """One PPO iteration: rollout, GAE, ``update_epochs`` x shuffled minibatches."""
         c, hp = self.config, self.resolve(state.hparams)
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        env, rollout = self.rollout(state.params, state.env, rollout_key)
+        env, rollout = self.rollout(state.params, state.env, rollout_key, state.obs_stats)
+        obs_stats, rollout, last_obs = self.observed_rollout(state.obs_stats, env, rollout)
         tr = rollout.transition
-        next_values = self.next_values(state.params, rollout, env.obs)
+        next_values = self.next_values(state.params, rollout, last_obs)
         advantages, returns = gae(
             tr.reward, rollout.value, next_values, tr.terminated, tr.truncated, hp.gamma,
             hp.gae_lambda,
@@ -311,7 +314,8 @@ class PPO(ActorCriticAlgorithm):
             terminations=tr.terminated.sum(),
             **episode_metrics(env.stats),
         )
-        state = state.replace(key=key, env=env, update_step=state.update_step + 1)
+        step = state.update_step + 1
+        state = state.replace(key=key, env=env, update_step=step, obs_stats=obs_stats)
         return self.with_learner(state, params, opt_state, sync), metrics
 
     def optimizer_step(self, state: PPOState) -> PPOState:

@@ -43,6 +43,18 @@ DISCRETE_ENVS = (
 )
 
 
+# The environments whose observations are images, ``[H, W, C]`` (what ``network="cnn"`` needs):
+# known before any environment is built, so configs are checked before JAX starts.
+IMAGE_OBS_SHAPES = {
+    "Asterix-MinAtar": (10, 10, 4),
+    "Breakout-MinAtar": (10, 10, 4),
+    "Freeway-MinAtar": (10, 10, 7),
+    "Seaquest-MinAtar": (10, 10, 10),
+    "SpaceInvaders-MinAtar": (10, 10, 6),
+    "Pong-misc": (30, 40, 3),
+}
+
+
 def check_env_name(name: str) -> None:
     if name not in DISCRETE_ENVS:
         raise ConfigError(
@@ -53,8 +65,20 @@ def check_env_name(name: str) -> None:
 
 class EnvSpec(NamedTuple):
     name: str
-    obs_dim: int  # flattened
+    obs_dim: int  # flattened: observations are [B, obs_dim]
     num_actions: int
+    obs_shape: tuple[int, ...] | None = None  # one observation before flattening (None: unknown)
+
+
+def image_obs_shape(name: str, need: str = "network=cnn") -> tuple[int, int, int]:
+    """``[H, W, C]`` of environment ``name``'s image observations; a ``ConfigError`` naming the
+    image environments when it has none."""
+    if name not in IMAGE_OBS_SHAPES:
+        raise ConfigError(
+            f"{need} needs image observations [H, W, C], and {name} does not have them; the "
+            "image environments are " + ", ".join(IMAGE_OBS_SHAPES)
+        )
+    return IMAGE_OBS_SHAPES[name]
 
 
 @struct.dataclass
@@ -102,7 +126,8 @@ class BatchedEnv:
                 f"{name} has a {type(action_space).__name__} action space; need Discrete"
             )
         obs_shape = self.env.observation_space(self.params).shape
-        self.spec = EnvSpec(name, int(math.prod(obs_shape)), int(action_space.n))
+        obs_shape = tuple(int(n) for n in obs_shape)
+        self.spec = EnvSpec(name, int(math.prod(obs_shape)), int(action_space.n), obs_shape)
         self.num_envs = num_envs
 
     @property

@@ -6,6 +6,11 @@ layers by rows (``[hidden@model, embed]``: each device holds a slice of the inpu
 products are summed by one all-reduce). So every two-layer block costs one all-reduce of
 ``[batch, width]`` activations. A head after an odd number of layers sees model-sharded features
 and is row-split as well.
+
+Precision and rematerialisation (``ActorCritic``/``QNetwork`` fields, from ``NetworkSettings``):
+``compute_dtype`` is the matmuls' dtype, ``param_dtype`` the stored parameters' (outputs are
+float32 either way); ``remat="block"`` recomputes each layer (Dense + activation) from its input
+in the backward pass, ``"full"`` each tower.
 """
 
 from __future__ import annotations
@@ -22,9 +27,15 @@ from rljax.errors import ConfigError
 from rljax.parallel.rules import constrain
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu, "silu": nn.silu}
-# compute_dtype -> Flax ``dtype=`` of the matmuls (None: inferred, float32). Parameters stay
-# float32 (``param_dtype``) either way.
+# compute_dtype -> Flax ``dtype=`` of the matmuls (None: inferred from the inputs and parameters:
+# float32 inputs make float32 matmuls, bfloat16 parameters are upcast).
 COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
+# param_dtype -> the dtype parameters (and, through ``rljax.algos.base.adam``, Adam's moments)
+# are stored in.
+PARAM_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# none: keep every activation for the backward pass; block: rematerialise each residual block /
+# MLP layer from its input; full: each tower from its input.
+REMAT = ("none", "block", "full")
 
 
 def compute_dtype_of(name: str) -> Any:
@@ -34,22 +45,80 @@ def compute_dtype_of(name: str) -> Any:
     return COMPUTE_DTYPES[name]
 
 
-def dense(features, kernel_axes, bias_axes, scale, name, init="orthogonal", dtype=None):
+def param_dtype_of(name: str) -> Any:
+    """``"float32"`` / ``"bfloat16"`` -> the ``param_dtype=`` of Flax layers."""
+    if name not in PARAM_DTYPES:
+        raise ConfigError(f"param_dtype must be one of {list(PARAM_DTYPES)}, got {name!r}")
+    return PARAM_DTYPES[name]
+
+
+def check_remat(name: str) -> str:
+    if name not in REMAT:
+        raise ConfigError(f"remat must be one of {list(REMAT)}, got {name!r}")
+    return name
+
+
+def remat_if(module_type: type, enabled: bool) -> type:
+    """``module_type``, or its ``nn.remat`` (same parameter tree) when ``enabled``.
+
+    Nothing inside is saved for the backward pass (``nn.remat``'s default policy, JAX's
+    ``nothing_saveable``): the module keeps its input only and recomputes the rest. Saving the
+    matmul outputs (``dots_with_no_batch_dims_saveable``) would keep exactly the wide hidden
+    activations remat is meant to drop."""
+    return nn.remat(module_type) if enabled else module_type
+
+
+def _float32_init(init):
+    """``init`` drawn in float32, then cast to the parameter dtype (orthogonal's QR has no
+    bfloat16 kernel, and a bfloat16 draw is a worse sample)."""
+
+    def draw(key, shape, dtype=jnp.float32):
+        return init(key, shape, jnp.float32).astype(dtype)
+
+    return draw
+
+
+def dense(
+    features,
+    kernel_axes,
+    bias_axes,
+    scale,
+    name,
+    init="orthogonal",
+    dtype=None,
+    param_dtype=jnp.float32,
+    activation=None,
+    remat=False,
+):
     """``init``: "orthogonal" with gain ``scale`` (PPO practice) or "lecun" (LeCun normal, Flax
     ``nn.Dense``'s default, what DQN implementations use; ``scale`` ignored). ``dtype``: of the
-    matmul (None: float32); the parameters are float32."""
+    matmul (None: from the inputs and parameters); ``param_dtype``: of the stored parameters.
+    ``activation``: a ``DenseAct`` (``act(Dense(x))`` in one module) instead of a plain Dense;
+    ``remat``: its ``nn.remat`` (see ``remat_if``)."""
     if init == "orthogonal":
         kernel = nn.initializers.orthogonal(scale)
     else:
         kernel = nn.initializers.lecun_normal()
-    return nn.Dense(
+    kwargs = {} if activation is None else {"activation": activation}
+    module_type = remat_if(nn.Dense if activation is None else DenseAct, remat)
+    return module_type(
         features,
-        kernel_init=nn.with_logical_partitioning(kernel, kernel_axes),
+        kernel_init=nn.with_logical_partitioning(_float32_init(kernel), kernel_axes),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), bias_axes),
         dtype=dtype,
-        param_dtype=jnp.float32,
+        param_dtype=param_dtype,
         name=name,
+        **kwargs,
     )
+
+
+class DenseAct(nn.Dense):
+    """``act(Dense(x))``: one module (and ``nn.remat`` unit) with ``nn.Dense``'s parameters."""
+
+    activation: str = "tanh"
+
+    def __call__(self, x):
+        return ACTIVATIONS[self.activation](super().__call__(x))
 
 
 def layer_axes(index: int) -> tuple[tuple[str, str], tuple[str]]:
@@ -76,13 +145,14 @@ class MLPTower(nn.Module):
     activation: str = "tanh"
     initializer: str = "orthogonal"
     dtype: Any = None  # of the matmuls and activations (None: float32)
+    param_dtype: Any = jnp.float32
+    remat_layers: bool = False  # rematerialise each layer (Dense + activation) from its input
     # Logical name of the first kernel's input axis: None when the tower reads the observation,
     # whose size is arbitrary (it is not split over fsdp like the hidden `embed` axes).
     input_axis: str | None = "embed"
 
     @nn.compact
     def __call__(self, x):
-        act = ACTIVATIONS[self.activation]
         for i, width in enumerate(self.widths):
             kernel_axes, bias_axes = layer_axes(i)
             if i == 0:
@@ -95,9 +165,11 @@ class MLPTower(nn.Module):
                 f"dense_{i}",
                 self.initializer,
                 self.dtype,
+                self.param_dtype,
+                activation=self.activation,
+                remat=self.remat_layers,
             )
-            x = act(layer(x))
-            x = constrain(x, "batch", activation_axis(bias_axes[0]))
+            x = constrain(layer(x), "batch", activation_axis(bias_axes[0]))
         return x
 
 
@@ -109,10 +181,12 @@ def head(
     name: str,
     init="orthogonal",
     dtype=None,
+    *,
+    pdtype=jnp.float32,
 ):
     """An output layer; callers cast its output to float32 (logits, values and Q-values are
-    float32 whatever the compute dtype)."""
-    return dense(features, (in_axis, out_axis), (out_axis,), scale, name, init, dtype)
+    float32 whatever the compute and parameter dtypes)."""
+    return dense(features, (in_axis, out_axis), (out_axis,), scale, name, init, dtype, pdtype)
 
 
 class ActorCritic(nn.Module):
@@ -126,25 +200,27 @@ class ActorCritic(nn.Module):
     critic_widths: Sequence[int] = (64, 64)
     torso_widths: Sequence[int] = ()
     activation: str = "tanh"
-    compute_dtype: str = "float32"  # of the matmuls; parameters and outputs stay float32
+    compute_dtype: str = "float32"  # of the matmuls; outputs stay float32
+    param_dtype: str = "float32"  # of the stored parameters
+    remat: str = "none"  # none | block (each layer) | full (each tower)
 
     def setup(self):
-        dtype = compute_dtype_of(self.compute_dtype)
-        self.torso = MLPTower(self.torso_widths, self.activation, dtype=dtype, input_axis=None)
+        dtype, pdtype = compute_dtype_of(self.compute_dtype), param_dtype_of(self.param_dtype)
+        tower = remat_if(MLPTower, check_remat(self.remat) == "full")
+        shape = dict(dtype=dtype, param_dtype=pdtype, remat_layers=self.remat == "block")
         tower_input = "embed" if len(self.torso_widths) else None
-        self.actor = MLPTower(
-            self.actor_widths, self.activation, dtype=dtype, input_axis=tower_input
-        )
-        self.critic = MLPTower(
-            self.critic_widths, self.activation, dtype=dtype, input_axis=tower_input
-        )
+        self.torso = tower(self.torso_widths, self.activation, **shape, input_axis=None)
+        self.actor = tower(self.actor_widths, self.activation, **shape, input_axis=tower_input)
+        self.critic = tower(self.critic_widths, self.activation, **shape, input_axis=tower_input)
         # The towers restart the column/row alternation, so the torso must end replicated.
         actor_out = output_axis(len(self.actor_widths))
         critic_out = output_axis(len(self.critic_widths))
         self.policy_head = head(
-            self.num_actions, actor_out, "actions", 0.01, "policy_head", dtype=dtype
+            self.num_actions, actor_out, "actions", 0.01, "policy_head", dtype=dtype, pdtype=pdtype
         )
-        self.value_head = head(1, critic_out, "value", 1.0, "value_head", dtype=dtype)
+        self.value_head = head(
+            1, critic_out, "value", 1.0, "value_head", dtype=dtype, pdtype=pdtype
+        )
 
     def _features(self, obs):
         x = constrain(obs.reshape(obs.shape[0], -1), "batch", "activation_embed")
@@ -178,27 +254,38 @@ class QNetwork(nn.Module):
     activation: str = "relu"
     dueling: bool = False
     initializer: str = "lecun"
-    compute_dtype: str = "float32"  # of the matmuls; parameters and Q-values stay float32
+    compute_dtype: str = "float32"  # of the matmuls; Q-values stay float32
+    param_dtype: str = "float32"  # of the stored parameters
+    remat: str = "none"  # none | block (each layer) | full (the tower)
 
     @nn.compact
     def __call__(self, obs):
-        dtype = compute_dtype_of(self.compute_dtype)
+        dtype, pdtype = compute_dtype_of(self.compute_dtype), param_dtype_of(self.param_dtype)
         x = constrain(obs.reshape(obs.shape[0], -1), "batch", "activation_embed")
-        x = MLPTower(
-            self.widths, self.activation, self.initializer, dtype, input_axis=None, name="tower"
+        x = remat_if(MLPTower, check_remat(self.remat) == "full")(
+            self.widths,
+            self.activation,
+            self.initializer,
+            dtype,
+            pdtype,
+            self.remat == "block",
+            input_axis=None,
+            name="tower",
         )(x)
         in_axis = output_axis(len(self.widths))
-        return q_heads(x, in_axis, self.num_actions, self.dueling, self.initializer, dtype)
+        return q_heads(x, in_axis, self.num_actions, self.dueling, self.initializer, dtype, pdtype)
 
 
-def q_heads(x, in_axis: str, num_actions: int, dueling: bool, init: str, dtype):
+def q_heads(x, in_axis: str, num_actions: int, dueling: bool, init: str, dtype, pdtype=jnp.float32):
     """Q-values ``[B@data, A]`` float32 from features ``x`` laid out on ``in_axis`` (call inside a
-    compact module): one advantage head, plus a value head when dueling."""
-    advantage = head(num_actions, in_axis, "actions", 1.0, "q_head", init, dtype)(x)
-    advantage = constrain(advantage.astype(jnp.float32), "batch", "activation_actions")
+    compact module): one advantage head, plus a value head when dueling. ``pdtype``: of the
+    heads' parameters."""
+    advantage = head(num_actions, in_axis, "actions", 1.0, "q_head", init, dtype, pdtype=pdtype)
+    advantage = constrain(advantage(x).astype(jnp.float32), "batch", "activation_actions")
     if not dueling:
         return advantage
-    value = head(1, in_axis, "value", 1.0, "value_head", init, dtype)(x).astype(jnp.float32)
+    value = head(1, in_axis, "value", 1.0, "value_head", init, dtype, pdtype=pdtype)
+    value = value(x).astype(jnp.float32)
     value = constrain(value, "batch", None)
     return value + advantage - advantage.mean(axis=-1, keepdims=True)
 

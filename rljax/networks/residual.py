@@ -10,7 +10,13 @@ shards the stream-width axis of every parameter (FSDP-style) without touching th
 
 Mixed precision: with ``compute_dtype="bfloat16"`` the Dense matmuls run in bfloat16 while the
 parameters, the residual stream, the LayerNorms and every output (logits, values, Q-values) stay
-float32.
+float32. ``param_dtype="bfloat16"`` stores every parameter (LayerNorms included) in bfloat16;
+the stream, LayerNorms and outputs are still computed in float32.
+
+Rematerialisation (``remat``): ``"block"`` wraps each ``ResidualBlock`` in ``nn.remat``, so the
+backward pass keeps only each block's input ``[B, width]`` and recomputes its LayerNorm and its
+``[B, width * expansion]`` hidden activation; ``"full"`` wraps each tower, keeping only the
+observation. Gradients are unchanged; the backward pass does one more forward's matmuls.
 """
 
 from __future__ import annotations
@@ -21,15 +27,24 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.networks.mlp import ACTIVATIONS, compute_dtype_of, dense, head, q_heads
+from rljax.networks.mlp import (
+    ACTIVATIONS,
+    check_remat,
+    compute_dtype_of,
+    dense,
+    head,
+    param_dtype_of,
+    q_heads,
+    remat_if,
+)
 from rljax.parallel.rules import constrain
 
 
-def layer_norm(name: str) -> nn.LayerNorm:
-    """A float32 LayerNorm over the stream (``[embed]`` scale and bias)."""
+def layer_norm(name: str, param_dtype: Any = jnp.float32) -> nn.LayerNorm:
+    """A float32 LayerNorm over the stream (``[embed]`` scale and bias in ``param_dtype``)."""
     return nn.LayerNorm(
         dtype=jnp.float32,
-        param_dtype=jnp.float32,
+        param_dtype=param_dtype,
         scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)),
         name=name,
@@ -44,19 +59,20 @@ class ResidualBlock(nn.Module):
     activation: str = "relu"
     initializer: str = "orthogonal"
     dtype: Any = None  # of the matmuls (None: float32)
+    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x):
-        hidden = self.width * self.expansion
-        h = layer_norm("norm")(x)
-        h = dense(
-            hidden, ("embed", "mlp"), ("mlp",), np.sqrt(2), "dense_0", self.initializer, self.dtype
-        )(h)
+        hidden, init, dtypes = self.width * self.expansion, self.initializer, self.dtypes
+        h = layer_norm("norm", self.param_dtype)(x)
+        h = dense(hidden, ("embed", "mlp"), ("mlp",), np.sqrt(2), "dense_0", init, *dtypes)(h)
         h = constrain(ACTIVATIONS[self.activation](h), "batch", "activation_mlp")
-        h = dense(
-            self.width, ("mlp", "embed"), ("embed",), 1.0, "dense_1", self.initializer, self.dtype
-        )(h)
+        h = dense(self.width, ("mlp", "embed"), ("embed",), 1.0, "dense_1", init, *dtypes)(h)
         return constrain(x + h.astype(jnp.float32), "batch", "activation_embed")
+
+    @property
+    def dtypes(self):
+        return self.dtype, self.param_dtype
 
 
 class ResidualTower(nn.Module):
@@ -68,25 +84,29 @@ class ResidualTower(nn.Module):
     activation: str = "relu"
     initializer: str = "orthogonal"
     dtype: Any = None
+    param_dtype: Any = jnp.float32
+    remat_blocks: bool = False  # rematerialise each block from its input
 
     @nn.compact
     def __call__(self, obs):
         x = constrain(obs.reshape(obs.shape[0], -1), "batch", "activation_embed")
+        dtypes = self.dtype, self.param_dtype
         # The observation's own axis has no logical name (it is small and its size arbitrary).
-        x = dense(
-            self.width, (None, "embed"), ("embed",), 1.0, "embed", self.initializer, self.dtype
-        )(x)
+        x = dense(self.width, (None, "embed"), ("embed",), 1.0, "embed", self.initializer, *dtypes)(
+            x
+        )
         x = constrain(x.astype(jnp.float32), "batch", "activation_embed")
+        block = remat_if(ResidualBlock, self.remat_blocks)
         for i in range(self.depth):
-            x = ResidualBlock(
+            x = block(
                 self.width,
                 self.expansion,
                 self.activation,
                 self.initializer,
-                self.dtype,
+                *dtypes,
                 name=f"block_{i}",
             )(x)
-        return layer_norm("final_norm")(x)
+        return layer_norm("final_norm", self.param_dtype)(x)
 
 
 class ResidualActorCritic(nn.Module):
@@ -103,16 +123,19 @@ class ResidualActorCritic(nn.Module):
     expansion: int = 4
     activation: str = "relu"
     compute_dtype: str = "float32"
+    param_dtype: str = "float32"
+    remat: str = "none"  # none | block | full
 
     def setup(self):
-        dtype = compute_dtype_of(self.compute_dtype)
+        dtype, pdtype = compute_dtype_of(self.compute_dtype), param_dtype_of(self.param_dtype)
         shape = (self.width, self.depth, self.expansion, self.activation, "orthogonal", dtype)
-        self.actor = ResidualTower(*shape)
-        self.critic = ResidualTower(*shape)
+        tower = remat_if(ResidualTower, check_remat(self.remat) == "full")
+        self.actor = tower(*shape, pdtype, self.remat == "block")
+        self.critic = tower(*shape, pdtype, self.remat == "block")
         self.policy_head = head(
-            self.num_actions, "embed", "actions", 0.01, "policy_head", dtype=dtype
+            self.num_actions, "embed", "actions", 0.01, "policy_head", dtype=dtype, pdtype=pdtype
         )
-        self.value_head = head(1, "embed", "value", 1.0, "value_head", dtype=dtype)
+        self.value_head = head(1, "embed", "value", 1.0, "value_head", dtype=dtype, pdtype=pdtype)
 
     def __call__(self, obs):
         return self._logits(obs), self.value(obs)
@@ -139,17 +162,22 @@ class ResidualQNetwork(nn.Module):
     dueling: bool = False
     initializer: str = "lecun"
     compute_dtype: str = "float32"
+    param_dtype: str = "float32"
+    remat: str = "none"  # none | block | full
 
     @nn.compact
     def __call__(self, obs):
-        dtype = compute_dtype_of(self.compute_dtype)
-        x = ResidualTower(
+        dtype, pdtype = compute_dtype_of(self.compute_dtype), param_dtype_of(self.param_dtype)
+        x = remat_if(ResidualTower, check_remat(self.remat) == "full")(
             self.width,
             self.depth,
             self.expansion,
             self.activation,
             self.initializer,
             dtype,
+            pdtype,
+            self.remat == "block",
             name="tower",
         )(obs)
-        return q_heads(x, "embed", self.num_actions, self.dueling, self.initializer, dtype)
+        init = self.initializer
+        return q_heads(x, "embed", self.num_actions, self.dueling, init, dtype, pdtype)

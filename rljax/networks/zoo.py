@@ -10,21 +10,30 @@ from typing import Literal
 
 import flax.linen as nn
 
-from rljax.envs import EnvSpec
+from rljax.envs import EnvSpec, image_obs_shape
 from rljax.errors import ConfigError
-from rljax.networks.mlp import ActorCritic, QNetwork, compute_dtype_of
+from rljax.networks.cnn import HEADS, CNNActorCritic, CNNQNetwork
+from rljax.networks.mlp import (
+    ActorCritic,
+    QNetwork,
+    check_remat,
+    check_tensor_parallel,
+    compute_dtype_of,
+    param_dtype_of,
+)
 from rljax.networks.residual import ResidualActorCritic, ResidualQNetwork
 
-NETWORKS = ("mlp", "residual")
+NETWORKS = ("mlp", "residual", "cnn")
 
 
 @dataclasses.dataclass(frozen=True)
 class NetworkSettings:
     """The network fields shared by the algorithm configs (PPO, A2C, DQN inherit them)."""
 
-    network: Literal["mlp", "residual"] = "mlp"
+    network: Literal["mlp", "residual", "cnn"] = "mlp"
     """mlp: the tensor-parallel MLP (the *_widths fields); residual: a SimBa-style residual MLP
-    (the residual_* fields)."""
+    (the residual_* fields); cnn: convolutions over image observations (the MinAtar
+    environments; the cnn_* fields), then the cnn_head tower."""
     residual_width: int = 256
     """network=residual: width of the residual stream (the linear embedding's output)."""
     residual_depth: int = 2
@@ -32,20 +41,86 @@ class NetworkSettings:
     residual_expansion: int = 4
     """network=residual: a block's hidden width is residual_width * residual_expansion, split over
     the model axis."""
+    cnn_channels: tuple[int, ...] = (16,)
+    """network=cnn: output channels of each convolution (stride 1, SAME padding, ReLU), split over
+    the model axis."""
+    cnn_kernel: int = 3
+    """network=cnn: the convolutions' kernel size (cnn_kernel x cnn_kernel)."""
+    cnn_head: Literal["mlp", "residual"] = "mlp"
+    """network=cnn: the tower after the convolutions: mlp (the *_widths fields; PPO and A2C share
+    the convolutions between policy and value, torso_widths unused) or residual (the residual_*
+    fields)."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of the network's matmuls; parameters, optimizer state, outputs and losses stay
-    float32."""
+    """dtype of the network's matmuls; parameters (see param_dtype), optimizer state, outputs and
+    losses stay float32."""
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype the parameters and Adam's two moments are stored in: bfloat16 halves their memory
+    (Adam's arithmetic stays float32, stored back with stochastic rounding); outputs and losses
+    stay float32. Either compute_dtype goes with either param_dtype (float32 compute upcasts the
+    bfloat16 weights)."""
+    remat: Literal["none", "block", "full"] = "none"
+    """rematerialisation: block recomputes each residual block (network=mlp: each layer) in the
+    backward pass from its saved input; full each tower from the observation. Less activation
+    memory, one more forward's compute; the gradients are the same."""
+    normalize_obs: bool = False
+    """feed the network observations normalised by their running mean and variance (merged over
+    data shards, kept in the training state and checkpoints, frozen in evaluation), clipped to
+    +-10."""
 
 
 def check_network(config, mlp_shards: int) -> None:
-    """The network fields of an algorithm config: ``network``, ``compute_dtype`` and, for
+    """The network fields of an algorithm config: ``network``, ``compute_dtype``; for
     ``network="residual"``, ``residual_width/depth/expansion`` (the blocks' column-split hidden
-    width ``width * expansion`` must divide by the ``model`` axis size ``mlp_shards``)."""
+    width ``width * expansion`` must divide by the ``model`` axis size ``mlp_shards``); for
+    ``network="cnn"``, an image environment, the ``cnn_*`` fields and the head's fields."""
     if config.network not in NETWORKS:
         raise ConfigError(f"network must be one of {list(NETWORKS)}, got {config.network!r}")
     compute_dtype_of(config.compute_dtype)
-    if config.network != "residual":
-        return
+    param_dtype_of(getattr(config, "param_dtype", "float32"))
+    check_remat(getattr(config, "remat", "none"))
+    if config.network == "cnn":
+        check_cnn(config, mlp_shards)
+    if config.network == "residual" or (config.network, config.cnn_head) == ("cnn", "residual"):
+        check_residual(config, mlp_shards)
+
+
+def check_cnn(config, mlp_shards: int) -> None:
+    """``network="cnn"``: image observations, positive ``cnn_kernel`` and ``cnn_channels``
+    divisible by the ``model`` axis size, a known ``cnn_head`` and, for the MLP head, its
+    widths."""
+    image_obs_shape(config.env)
+    channels = tuple(config.cnn_channels)
+    if not channels or any(c < 1 for c in channels):
+        raise ConfigError(f"cnn_channels must be one or more values >= 1, got {channels}")
+    if config.cnn_kernel < 1:
+        raise ConfigError(f"cnn_kernel must be >= 1, got {config.cnn_kernel}")
+    for i, c in enumerate(channels):
+        if c % mlp_shards:
+            raise ConfigError(
+                f"cnn_channels {channels}: conv_{i}'s {c} channels are not divisible by the "
+                f"model axis size {mlp_shards} (output channels are split over `model`); choose "
+                f"multiples of {mlp_shards}"
+            )
+    if config.cnn_head not in HEADS:
+        raise ConfigError(f"cnn_head must be one of {list(HEADS)}, got {config.cnn_head!r}")
+    unsupported = {"param_dtype": "float32", "remat": "none"}
+    for name, only in unsupported.items():
+        if getattr(config, name, only) != only:
+            raise ConfigError(
+                f"{name}={getattr(config, name)!r} is not built for network=cnn (only {only!r}); "
+                f"use network=mlp or residual for {name}={getattr(config, name)!r}"
+            )
+    if config.cnn_head == "mlp":
+        towers = ("actor", "critic", "q")
+        widths = {
+            t: getattr(config, f"{t}_widths") for t in towers if hasattr(config, f"{t}_widths")
+        }
+        check_tensor_parallel(widths, mlp_shards)
+
+
+def check_residual(config, mlp_shards: int) -> None:
+    """``residual_width/depth/expansion`` >= 1, and the blocks' hidden width divisible by the
+    ``model`` axis size."""
     for name in ("residual_width", "residual_depth", "residual_expansion"):
         if getattr(config, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(config, name)}")
@@ -65,6 +140,17 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
     D]`` -> ``(logits [B@batch, A], value [B@batch])`` float32, and ``.value(obs)``."""
     c = config
     network, dtype = getattr(c, "network", "mlp"), getattr(c, "compute_dtype", "float32")
+    if network == "cnn":
+        return CNNActorCritic(
+            num_actions=spec.num_actions,
+            actor_widths=c.actor_widths,
+            critic_widths=c.critic_widths,
+            activation=c.activation,
+            compute_dtype=dtype,
+            **cnn_fields(c, spec),
+        )
+    precision = {"param_dtype": getattr(c, "param_dtype", "float32")}
+    precision["remat"] = getattr(c, "remat", "none")
     if network == "residual":
         return ResidualActorCritic(
             num_actions=spec.num_actions,
@@ -73,6 +159,7 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
             expansion=c.residual_expansion,
             activation=c.activation,
             compute_dtype=dtype,
+            **precision,
         )
     return ActorCritic(
         num_actions=spec.num_actions,
@@ -81,6 +168,7 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
         torso_widths=getattr(c, "torso_widths", ()),
         activation=c.activation,
         compute_dtype=dtype,
+        **precision,
     )
 
 
@@ -88,6 +176,15 @@ def q_network(config, spec: EnvSpec) -> nn.Module:
     """The Q-network of a DQN config (``q_widths``, ``activation``, ``dueling`` and the
     ``NetworkSettings``): ``obs: [B@batch, D]`` -> ``q [B@batch, A]`` float32."""
     c = config
+    if c.network == "cnn":
+        return CNNQNetwork(
+            num_actions=spec.num_actions,
+            widths=c.q_widths,
+            activation=c.activation,
+            dueling=c.dueling,
+            compute_dtype=c.compute_dtype,
+            **cnn_fields(c, spec),
+        )
     if c.network == "residual":
         return ResidualQNetwork(
             num_actions=spec.num_actions,
@@ -97,6 +194,8 @@ def q_network(config, spec: EnvSpec) -> nn.Module:
             activation=c.activation,
             dueling=c.dueling,
             compute_dtype=c.compute_dtype,
+            param_dtype=c.param_dtype,
+            remat=c.remat,
         )
     return QNetwork(
         num_actions=spec.num_actions,
@@ -104,4 +203,19 @@ def q_network(config, spec: EnvSpec) -> nn.Module:
         activation=c.activation,
         dueling=c.dueling,
         compute_dtype=c.compute_dtype,
+        param_dtype=c.param_dtype,
+        remat=c.remat,
+    )
+
+
+def cnn_fields(config, spec: EnvSpec) -> dict:
+    """The ``CNNActorCritic`` / ``CNNQNetwork`` fields of a config's ``cnn_*`` and
+    ``residual_*`` settings and the environment's image shape."""
+    c = config
+    return dict(
+        obs_shape=spec.obs_shape or image_obs_shape(spec.name),
+        channels=tuple(c.cnn_channels),
+        kernel=c.cnn_kernel,
+        head_type=c.cnn_head,
+        residual=(c.residual_width, c.residual_depth, c.residual_expansion),
     )

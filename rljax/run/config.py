@@ -38,6 +38,9 @@ class ParallelConfig:
     """emulate this many CPU devices (must be set before JAX starts)."""
     seed_axis: Literal["none", "data"] = "none"
     """'data' places the seeds on the data axis (each seed's envs then stay on one data shard)."""
+    memory_per_device: str | None = _resumable(None)
+    """memory a device may use (16GB, 512MiB, 2e9): a run needing more stops before training
+    (default: the device's own limit; none on CPU)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,8 +227,12 @@ def check_num_devices(n: int | None, flag: str = "num_devices") -> None:
 def validate_run(run: RunConfig, layout) -> None:
     """Every ``ConfigError`` of ``run`` on a ``Layout``, before anything is written or
     compiled."""
+    from rljax.run.memory import parse_bytes  # noqa: PLC0415 (rljax.run imports this module)
+
     values = run.flat()
     check_seed(run.seed)
+    if run.parallel.memory_per_device is not None:
+        parse_bytes(run.parallel.memory_per_device)
     if not run.checkpointing.resume:  # a resume writes into its own directory only
         if run.logging.run_name is not None:
             check_run_name(run.logging.run_name)

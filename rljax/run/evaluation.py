@@ -5,8 +5,9 @@
 logits, or a sample with ``greedy=False``; DQN: argmax Q, no exploration) for as many steps as the
 environment's time limit, so every environment finishes its first episode, and returns that
 episode's mean return and length, and each episode's return (``eval_episode_returns
-[num_envs]``). With per-replica parameters (local/adaptive sync) replica 0 is evaluated. The
-key decides everything: the same key gives the same numbers.
+[num_envs]``). With per-replica parameters (local/adaptive sync) replica 0 is evaluated. With
+``normalize_obs`` the policy sees observations normalised with the state's ``obs_stats``, frozen:
+evaluation never updates them. The key decides everything: the same key gives the same numbers.
 """
 
 from __future__ import annotations
@@ -23,9 +24,16 @@ from rljax.errors import ConfigError
 DEFAULT_EVAL_STEPS = 1000  # for environments without a time limit in their params
 
 
+def obs_stats_of(state):
+    """The state's observation statistics (``normalize_obs``), ``None`` without them."""
+    return getattr(state, "obs_stats", None)
+
+
 class Evaluator:
-    """A jittable ``evaluate(params, key) -> {"eval_return", "eval_length", "eval_finished",
-    "eval_episode_returns" [num_envs]}`` for ``algo``."""
+    """A jittable ``evaluate(params, key, obs_stats=None) -> {"eval_return", "eval_length",
+    "eval_finished", "eval_episode_returns" [num_envs]}`` for ``algo``; ``obs_stats``: the
+    state's observation statistics (``normalize_obs``), read only: evaluation never updates
+    them."""
 
     def __init__(self, algo, num_envs: int, greedy: bool = True):
         if num_envs < 1:
@@ -35,8 +43,10 @@ class Evaluator:
         self.env = BatchedEnv(algo.config.env, num_envs)
         self.num_steps = self.env.time_limit or DEFAULT_EVAL_STEPS
 
-    def __call__(self, params, key: jax.Array) -> dict[str, jax.Array]:
+    def __call__(self, params, key: jax.Array, obs_stats=None) -> dict[str, jax.Array]:
         params = self.algo.acting_params(params)
+        # Only when there are statistics: an algorithm of its own may not take obs_stats.
+        stats = {} if obs_stats is None else {"obs_stats": obs_stats}
         reset_key, steps_key = jax.random.split(key)
         batch = self.env.reset(reset_key)
         num_envs = self.env.num_envs
@@ -44,7 +54,7 @@ class Evaluator:
         def step(carry, step_key):
             batch, total, length, finished = carry
             act_key, env_key = jax.random.split(step_key)
-            action = self.algo.eval_action(params, batch.obs, act_key, self.greedy)
+            action = self.algo.eval_action(params, batch.obs, act_key, self.greedy, **stats)
             batch, tr = self.env.step(env_key, batch, action)
             live = jnp.logical_not(finished)
             total = total + jnp.where(live, tr.reward, 0.0)
@@ -95,9 +105,11 @@ class Evaluation:
     def compile(self, key: jax.Array) -> float:
         """Compile for the run's parameter layout (no compile inside the timed loop); seconds."""
         t0 = time.perf_counter()
-        params = self.sharded.abstract_state(key).params
+        abstract = self.sharded.abstract_state(key)
         with self.sharded.layout.active():
-            self._evaluate = self._evaluate.lower(params, self._eval_key(0)).compile()
+            self._evaluate = self._evaluate.lower(
+                abstract.params, self._eval_key(0), obs_stats_of(abstract)
+            ).compile()
         return time.perf_counter() - t0
 
     def __call__(self, state, update: int) -> dict[str, float]:
@@ -105,7 +117,7 @@ class Evaluation:
         from rljax.run.stats import mean_ci
 
         with self.sharded.layout.active():
-            result = self._evaluate(state.params, self._eval_key(update))
+            result = self._evaluate(state.params, self._eval_key(update), obs_stats_of(state))
         self.last_returns = to_host(result.pop("eval_episode_returns"))
         self.last_update = update
         row = {k: float(np.mean(to_host(v))) for k, v in result.items()}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import weakref
 
 import jax
@@ -86,6 +87,29 @@ class MemoryEstimate:
         if self.shared_host:
             return f"the host has {human(self.available)} available"
         return f"the device has {human(self.available)}"
+
+
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}  # fmt: skip
+_SIZE = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)\s*([kmgt]i?)?b?\s*$", re.I)
+
+
+def parse_bytes(value, flag: str = "memory_per_device") -> int:
+    """``"16GB"`` / ``"512MiB"`` / ``"2e9"`` / ``2_000_000_000`` -> bytes (decimal k/M/G/T, binary
+    Ki/Mi/Gi/Ti, the trailing B optional); ``ConfigError`` naming ``flag`` for anything else
+    or a size below one byte."""
+    match = None if isinstance(value, bool) else _SIZE.match(str(value))
+    if match is not None:
+        try:
+            n = float(match.group(1).replace("_", "")) * _UNITS[(match.group(2) or "").lower()]
+        except (ValueError, OverflowError):
+            n = math.nan
+        if math.isfinite(n) and n >= 1:
+            return int(n)
+    raise ConfigError(
+        f"{flag}={value!r}: expected a size of at least one byte such as 16GB, 512MiB, 1.5GiB "
+        "or 2e9 (bytes)"
+    )
 
 
 def human(n: float) -> str:

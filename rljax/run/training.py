@@ -26,6 +26,10 @@ hooks: ``train(..., hooks=[Hook(fn, every=10), fn, ...])`` (a plain function run
   evaluation (when evaluation is on, also after a stop) and a closing summary: wall and compile
   time, both throughputs, final training and evaluation returns, where every file is. The same
   figures are ``TrainResult.summary`` and ``<run_dir>/summary.json``.
+* Memory (``rljax.run.plan``): the programs compile before the run directory is touched; their
+  memory plan (bytes per device by part, from XLA's memory analysis) goes into ``config.json``
+  (``memory_plan``; a resume's record), and a plan over ``--memory-per-device`` (or the device's
+  own limit) stops the run there with ``ConfigError`` naming the figures and a mesh that fits.
 * The run directory (``rljax.run.run_dir``): a fresh run never modifies an existing one
   (``ConfigError``; ``overwrite=True`` replaces it after validation), ``run.lock`` keeps a second
   run or resume out while this one is alive, and is released on every exit path.
@@ -52,6 +56,7 @@ from rljax.run import memory
 from rljax.run.config import RunConfig
 from rljax.run.evaluation import Evaluation
 from rljax.run.loop import Loop
+from rljax.run.plan import plan_of
 from rljax.run.plots import plot_learning_curve
 from rljax.run.progress import Console, Progress, format_summary, run_summary, write_summary
 from rljax.run.resume import (
@@ -135,6 +140,8 @@ class Session:
         self.started = False  # the first chunk is under way: the run directory is kept
         self.last_saved = 0
         self.resume_step: int | None = None  # newest valid checkpoint, found by open()
+        self.plan = None  # the compiled programs' memory plan, set by compile()
+        self.opened = False  # the run directory has been created (or cleared) and locked
 
     def _fresh_dir(self) -> Path:
         lg = self.run.logging
@@ -148,12 +155,14 @@ class Session:
         return path
 
     def open(self) -> None:
-        """Create (or, with ``overwrite``, clear) and lock the run directory, then the run log,
-        checkpointer and compiled-run objects. A resume first finds its checkpoint (none, or
-        nothing left to train: an error, nothing written) and appends a record to
-        ``config.json``'s ``resumes`` (the original configuration stays as it was)."""
+        """Create (or, with ``overwrite``, clear) and lock the run directory, then the run log
+        and checkpointer; after ``compile`` (``config.json`` records the memory plan). A resume
+        first finds its checkpoint (none, or nothing left to train: an error, nothing written)
+        and appends a record, with its memory plan, to ``config.json``'s ``resumes`` (the
+        original configuration stays as it was)."""
         run, lg = self.run, self.run.logging
         self.directory.open()
+        self.opened = True
         if jax.process_count() > 1:  # process 0 has prepared the directory
             from jax.experimental import multihost_utils
 
@@ -191,6 +200,7 @@ class Session:
         )
         if resume:
             record = resume_record(saved, sections, type(self.config), self.resume_step)
+            record["memory_plan"] = self.plan_record()
             self.log.write_config_data({**saved, "resumes": [*saved.get("resumes", []), record]})
             for name, value in record["defaults"].items():
                 self.say(f"{name} is not in the saved configuration: default {value!r} taken")
@@ -199,12 +209,34 @@ class Session:
         else:
             from rljax.run.metadata import provenance
 
-            self.log.write_config(**sections, provenance=provenance(), resumes=[])
-        chunk = min(lg.log_every, self.config.num_updates)
+            self.log.write_config(
+                **sections, provenance=provenance(), memory_plan=self.plan_record(), resumes=[]
+            )
+
+    def plan_record(self) -> dict | None:
+        """What ``config.json`` records of the memory plan (``None`` before ``compile``)."""
+        return None if self.plan is None else self.plan.as_dict()
+
+    def compile(self, console) -> None:
+        """Build and compile the chunk (and evaluation) programs, then check the memory plan
+        against the budget (``ConfigError`` with the figures; nothing written yet)."""
+        run = self.run
+        chunk = min(run.logging.log_every, self.config.num_updates)
         self.sharded = ShardedRun(self.algo, self.layout, run.num_seeds, chunk)
         self.evaluation = None
         if run.evaluation.eval_every:
             self.evaluation = Evaluation(self.sharded, run.evaluation.eval_episodes, run.seed)
+        key = jax.random.key(run.seed)
+        what = f"the update chunk ({chunk} updates)"
+        what += " and the evaluation" if self.evaluation is not None else ""
+        with console.compiling(what):
+            self.sharded.compile(key)
+            if self.evaluation is not None:
+                self.sharded.compile_seconds["eval"] = self.evaluation.compile(key)
+        seconds = self.sharded.compile_seconds
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
+        console.line(f"compiled in {sum(seconds.values()):.1f} s ({parts})")
+        self.plan = plan_of(self.sharded, self.name, run).check()
 
     def _nothing_to_resume(self, checkpoints: Path) -> TrainingError:
         return TrainingError(
@@ -297,6 +329,8 @@ class Session:
             removed = self.directory.close(discard=discard)
         if removed:
             return f"removed {self.run_dir} (nothing was trained)"
+        if self.directory.fresh and not self.opened:  # stopped while compiling
+            return f"nothing was written to {self.run_dir}"
         if self.directory.fresh:
             return f"resume with: {self.resume_command()}" if self.last_saved else ""
         return f"{self.run_dir} is kept; resume it again with: {self.resume_command()}"
@@ -316,8 +350,11 @@ def train(algorithm, run: RunConfig | None = None, *, hooks=(), progress=print) 
     interrupted = None
     try:
         with _sigterm_interrupts():
+            t_begin = time.perf_counter()
+            console = _console(session)
+            session.compile(console)  # over the memory budget: ConfigError, nothing written
             session.open()
-            return _train(session, hooks)
+            return _train(session, hooks, console, t_begin)
     except KeyboardInterrupt as error:  # Ctrl-C (or SIGTERM) outside the loop's own handling
         interrupted = error
     finally:
@@ -345,27 +382,26 @@ def _sigterm_interrupts():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _train(s: Session, user_hooks) -> TrainResult:
-    t_begin = time.perf_counter()
-    run, cfg, say = s.run, s.config, s.say
+def _console(s: Session) -> Console:
+    """The run's console (every message through it: it clears a redrawn status line first),
+    after the opening line."""
+    run, cfg = s.run, s.config
     printing = s.primary and not run.logging.quiet
     console = Console(s.say if printing else None, tty=s.say is print and sys.stdout.isatty())
-    if printing:  # every message through the console: it clears a redrawn status line first
-        s.say = say = console.line
-    say(
+    if printing:
+        s.say = console.line
+    s.say(
         f"rljax {s.name} on {cfg.env}: mesh {mesh_spec_of(s.mesh)} ({jax.default_backend()}, "
         f"{jax.process_count()} process(es)), {run.num_seeds} seed(s), {cfg.num_updates} updates "
         f"x {cfg.env_steps_per_update} steps"
     )
+    return console
+
+
+def _train(s: Session, user_hooks, console: Console, t_begin: float) -> TrainResult:
+    run, cfg, say = s.run, s.config, s.say
     resume = run.checkpointing.resume  # Session.open found a checkpoint to resume from
     key = jax.random.key(run.seed)
-    what = f"the update chunk ({s.sharded.chunk_size} updates)"
-    with console.compiling(what + (" and the evaluation" if s.evaluation is not None else "")):
-        s.sharded.compile(key)
-        if s.evaluation is not None:
-            s.sharded.compile_seconds["eval"] = s.evaluation.compile(key)
-    parts = ", ".join(f"{k} {v:.1f} s" for k, v in s.sharded.compile_seconds.items())
-    console.line(f"compiled in {sum(s.sharded.compile_seconds.values()):.1f} s ({parts})")
 
     loop = Loop(s.sharded, cfg.num_updates, cfg.env_steps_per_update, clock_origin=t_begin)
     guard = builtin.NonFiniteGuard(s)

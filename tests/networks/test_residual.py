@@ -187,7 +187,11 @@ def test_residual_bfloat16_ppo_trains_two_updates_on_the_mesh(mesh4):
             r"residual_width\*residual_expansion = 6\*1 = 6 is not divisible by the model axis "
             r"size 4 .* a multiple of 4",
         ),
-        ({"network": "cnn"}, 1, r"^network must be one of \['mlp', 'residual'\], got 'cnn'$"),
+        (
+            {"network": "lstm"},
+            1,
+            r"^network must be one of \['mlp', 'residual', 'cnn'\], got 'lstm'$",
+        ),
         (
             {"compute_dtype": "float16"},
             1,

@@ -20,6 +20,7 @@ from rljax.run import run_dir as run_dir_module
 from rljax.run.run_dir import LOCK_NAME, RunDirectory, RunDirWarning, RunLock, check_run_name
 from rljax.run.run_log import read_metrics
 from rljax.run.sharded import ShardedRun
+from rljax.run.training import Session
 
 TINY = PPOConfig(num_envs=4, num_steps=8, total_timesteps=4 * 8 * 2, num_minibatches=2)
 OPTIONS = dict(log_every=2, checkpoint_every=2, eval_every=0, quiet=True)
@@ -52,6 +53,19 @@ def interrupt_compile(monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(ShardedRun, "compile", compile)
+
+
+@pytest.fixture
+def interrupt_after_opening(monkeypatch):
+    """Compiling skipped; SIGINT right after the run directory is created (or taken) and locked."""
+    real_open = RunDirectory.open
+
+    def open_(self):
+        real_open(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Session, "compile", lambda self, console: None)
+    monkeypatch.setattr(RunDirectory, "open", open_)
 
 
 def one_error_line(capsys) -> str:
@@ -238,13 +252,21 @@ def test_seed_out_of_range_through_the_cli(tmp_path, capsys):
 
 
 # -- Ctrl-C before the first chunk ----------------------------------------------------------------
-def test_ctrl_c_while_compiling_removes_a_fresh_runs_directory(tmp_path, interrupt_compile):
+def test_ctrl_c_while_compiling_writes_nothing(tmp_path, interrupt_compile):
+    # the programs compile (and their memory plan is checked) before the directory is made
+    match = r"SIGINT before the first chunk finished; nothing was written to "
+    with pytest.raises(Interrupted, match=match):
+        train(TINY, tiny_run(tmp_path, "fresh"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_after_opening_removes_a_fresh_runs_directory(tmp_path, interrupt_after_opening):
     with pytest.raises(Interrupted, match=r"SIGINT before the first chunk finished; removed"):
         train(TINY, tiny_run(tmp_path, "fresh"))
     assert list(tmp_path.iterdir()) == []
 
 
-def test_ctrl_c_through_the_cli_is_one_line_and_exit_130(tmp_path, interrupt_compile, capsys):
+def test_ctrl_c_through_the_cli_is_one_line_and_exit_130(tmp_path, interrupt_after_opening, capsys):
     code = main(["train", "ppo", *CLI_TINY, "--runs-dir", str(tmp_path), "--run-name", "c"])
     assert code == 130
     err = one_error_line(capsys)
@@ -277,7 +299,7 @@ def test_read_only_runs_dir_is_one_error_even_where_permissions_are_not_enforced
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_stale_lock_is_one_warning_line_from_the_cli(finished, interrupt_compile, capsys):
+def test_a_stale_lock_is_one_warning_line_from_the_cli(finished, interrupt_after_opening, capsys):
     runs, done = finished
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -1,0 +1,358 @@
+"""The memory plan of a run: what one device holds, read from the compiled programs.
+
+    p = plan(PPOConfig(), RunConfig.make(mesh="data=2,model=2"))  # compiles; runs, writes nothing
+    print(p.table())           # parameter count, bytes per device by part, largest array, budget
+    p.as_dict()                # the same figures for JSON (config.json's "memory_plan")
+    p.check()                  # ConfigError with the figures and a mesh that would fit
+
+The state's parts (parameters, optimizer and sync state, environments, replay buffer; the
+categories of ``rljax.run.memory``) are the bytes of each leaf's shard under the run's state
+shardings. The programs' figures are XLA's ``memory_analysis()`` of the compiled init and update
+chunk, per device (SPMD programs are compiled for one device's shards): arguments (the state,
+donated), outputs (aliased to the arguments), temporaries (activations, rollout, gradients, the
+optimizer's intermediates) and generated code. A device needs ``arguments + outputs - aliased +
+temporaries + code`` of the bigger program. Gradients are one copy of the parameter shards and
+live inside the temporaries; they are shown, not added.
+
+The budget: ``--memory-per-device`` (``RunConfig.parallel.memory_per_device``), else the device's
+own ``bytes_limit`` where JAX reports one (GPU/TPU); emulated CPU devices have none here (the
+traced host-memory check of ``rljax.run.memory`` covers them). Over budget, the message names a
+mesh of the available devices that would fit (``rljax.parallel.candidates``; state parts exact,
+temporaries scaled with the batch shards) or says that none does and what to lower.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec
+
+from rljax.errors import ConfigError
+from rljax.parallel import mesh_spec_of
+from rljax.parallel.candidates import Candidate, candidates
+from rljax.run import memory
+from rljax.run.config import RunConfig
+from rljax.run.sharded import ShardedRun, algorithm_name, prepare, resolve_algorithm
+
+PROGRAM_FIELDS = ("argument", "output", "alias", "temp", "generated_code")
+GRADIENTS = "gradients"
+TEMPORARIES = "activations/temporaries"
+
+
+def program_bytes(compiled) -> dict[str, int]:
+    """``{argument, output, alias, temp, generated_code, total}`` bytes per device of a
+    ``jax.stages.Compiled`` (its ``memory_analysis()``); ``total`` = what it needs at once."""
+    analysis = compiled.memory_analysis()
+    if isinstance(analysis, (list, tuple)):  # one per device on some backends: all the same
+        analysis = analysis[0]
+    out = {f: int(getattr(analysis, f"{f}_size_in_bytes", 0) or 0) for f in PROGRAM_FIELDS}
+    out["total"] = (
+        out["argument"] + out["output"] - out["alias"] + out["temp"] + out["generated_code"]
+    )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Bytes per device of a compiled run. ``state``: per part (``memory.CATEGORIES`` labels);
+    ``programs``: ``program_bytes`` of ``"init"`` and ``"chunk"``; ``largest``: the biggest
+    state array on a device (``path``, ``shape``, ``dtype``, ``bytes_per_device``); ``budget``:
+    bytes a device may use (``None``: no limit known) and where it came from;
+    ``suggestion``: over budget, a mesh that would fit and its estimated need, else ``None``
+    (and ``hints``: the flags that shrink the biggest parts)."""
+
+    algorithm: str
+    env: str
+    mesh: str
+    devices: int
+    num_seeds: int
+    param_count: int
+    state: dict[str, int]
+    gradients: int
+    programs: dict[str, dict[str, int]]
+    largest: dict[str, Any]
+    budget: int | None = None
+    budget_source: str | None = None
+    compile_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    suggestion: tuple[str, int] | None = None
+    available_devices: int = 1
+    hints: tuple[str, ...] = ()
+
+    @property
+    def temporaries(self) -> int:
+        return self.programs["chunk"]["temp"]
+
+    @property
+    def total(self) -> int:
+        """Bytes one device needs: the bigger of the two programs' totals."""
+        return max(p["total"] for p in self.programs.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.budget is None or self.total <= self.budget
+
+    def parts(self) -> dict[str, int]:
+        """The state's parts, the gradients and the temporaries (the chunk's), biggest first."""
+        parts = {**self.state, GRADIENTS: self.gradients, TEMPORARIES: self.temporaries}
+        return dict(sorted(parts.items(), key=lambda kv: -kv[1]))
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready figures (bytes per device)."""
+        return {
+            "algorithm": self.algorithm,
+            "env": self.env,
+            "mesh": self.mesh,
+            "devices": self.devices,
+            "num_seeds": self.num_seeds,
+            "param_count": self.param_count,
+            "bytes_per_device": {
+                "total": self.total,
+                "state": dict(self.state),
+                GRADIENTS: self.gradients,
+                "temporaries": self.temporaries,
+                "programs": {k: dict(v) for k, v in self.programs.items()},
+            },
+            "largest_array": dict(self.largest),
+            "budget": self.budget,
+            "budget_source": self.budget_source,
+            "fits": self.fits,
+            "suggested_mesh": None if self.suggestion is None else self.suggestion[0],
+            "compile_seconds": {k: round(v, 3) for k, v in self.compile_seconds.items()},
+        }
+
+    def table(self) -> str:
+        """The plan for the console, one figure a line."""
+        h = memory.human
+        seeds = f", {self.num_seeds} seeds" if self.num_seeds > 1 else ""
+        lines = [
+            f"memory plan: {self.algorithm} on {self.env}, mesh {self.mesh} "
+            f"({self.devices} device{'s' if self.devices > 1 else ''}){seeds}",
+            f"  parameters: {self.param_count:,}",
+            "  bytes per device:",
+        ]
+        for name, n in self.state.items():
+            lines.append(f"    {name:<26}{h(n):>10}")
+        lines.append(f"    {GRADIENTS:<26}{h(self.gradients):>10}  (within the temporaries)")
+        lines.append(f"    {TEMPORARIES:<26}{h(self.temporaries):>10}  (update chunk)")
+        for name, p in self.programs.items():
+            lines.append(
+                f"    {name + ' program total':<26}{h(p['total']):>10}  (arguments "
+                f"{h(p['argument'])} + outputs {h(p['output'])} - aliased {h(p['alias'])} + "
+                f"temporaries {h(p['temp'])} + code {h(p['generated_code'])})"
+            )
+        lines.append(f"    {'needed':<26}{h(self.total):>10}")
+        big = self.largest
+        if big:
+            shape = ", ".join(str(d) for d in big["shape"])
+            lines.append(
+                f"  largest array: {big['path']} {big['dtype']}[{shape}], "
+                f"{h(big['bytes_per_device'])} per device"
+            )
+        if self.budget is None:
+            lines.append("  budget: none known (set one with --memory-per-device)")
+        else:
+            share = 100 * self.total / self.budget
+            verdict = "fits" if self.fits else "does NOT fit"
+            lines.append(
+                f"  budget: {h(self.budget)} per device ({self.budget_source}): {verdict} "
+                f"({share:.1f}%)"
+            )
+        if self.compile_seconds:
+            parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.compile_seconds.items())
+            lines.append(f"  compiled in {sum(self.compile_seconds.values()):.1f} s ({parts})")
+        return "\n".join(lines)
+
+    def message(self) -> str:
+        """One line: what is needed per part against the budget, and a mesh that would fit."""
+        h = memory.human
+        parts = ", ".join(f"{n} {h(b)}" for n, b in self.parts().items() if b and n != GRADIENTS)
+        peak = max(self.programs, key=lambda name: self.programs[name]["total"])
+        text = (
+            f"this run needs {h(self.total)} per device on mesh {self.mesh} (the {peak} "
+            f"program; {parts}; gradients {h(self.gradients)} within the temporaries) but "
+            f"{self.budget_source} allows {h(self.budget or 0)}"
+        )
+        if self.suggestion is not None:
+            spec, need = self.suggestion
+            return f"{text}; a mesh that would fit: --mesh {spec} (about {h(need)} per device)"
+        lower = [h for h in self.hints if not h.startswith("--compute-dtype")]
+        tries = [h for h in self.hints if h.startswith("--compute-dtype")]
+        advice = f"lower {', '.join(lower) or 'the sizes'}"
+        advice += "".join(f", try {t}" for t in tries)
+        return (
+            f"{text}; no mesh of the {self.available_devices} device(s) fits: {advice}, or use "
+            "more devices"
+        )
+
+    def check(self) -> Plan:
+        """``self`` when it fits the budget, else ``ConfigError`` (``message``)."""
+        if not self.fits:
+            raise ConfigError(self.message())
+        return self
+
+
+# -- building a plan ------------------------------------------------------------------------------
+def budget_of(run: RunConfig, devices) -> tuple[int | None, str | None]:
+    """``(bytes, source)``: ``--memory-per-device``, else the devices' smallest ``bytes_limit``
+    (GPU/TPU), else ``(None, None)`` (CPU)."""
+    if run.parallel.memory_per_device is not None:
+        return memory.parse_bytes(run.parallel.memory_per_device), "--memory-per-device"
+    limit, shared_host = memory.device_bytes(devices)
+    if shared_host or limit is None:
+        return None, None
+    return limit, "the device's memory limit"
+
+
+def _spec_leaves(sharded) -> list[PartitionSpec]:
+    from rljax.parallel.rules import prepend_axis  # noqa: PLC0415
+
+    specs = sharded.algo.state_specs()
+    if sharded.num_seeds > 1:
+        specs = prepend_axis(specs, "seed")
+    return jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def _leaves(sharded):
+    """``[(path, field, ShapeDtypeStruct with sharding, logical spec)]`` of the state."""
+    abstract = sharded.abstract_state(jax.random.key(0))
+    flat = jax.tree_util.tree_flatten_with_path(abstract)[0]
+    specs = _spec_leaves(sharded)
+    return [
+        (path, memory._field(path), leaf, spec)
+        for (path, leaf), spec in zip(flat, specs, strict=True)
+    ]
+
+
+def _param_count(leaves) -> int:
+    count = 0
+    for _, field, leaf, spec in leaves:
+        if field != "params":
+            continue
+        names = tuple(spec) + (None,) * (len(leaf.shape) - len(tuple(spec)))
+        count += math.prod(
+            d for d, n in zip(leaf.shape, names, strict=False) if n not in ("seed", "replica")
+        )
+    return count
+
+
+def _largest(leaves) -> dict[str, Any]:
+    best: dict[str, Any] = {}
+    for path, _, leaf, _ in leaves:
+        n = memory.shard_bytes(leaf.shape, leaf.dtype, leaf.sharding)
+        if not best or n > best["bytes_per_device"]:
+            best = {
+                "path": jax.tree_util.keystr(path).lstrip("."),
+                "shape": [int(d) for d in leaf.shape],
+                "dtype": str(leaf.dtype),
+                "bytes_per_device": int(n),
+            }
+    return best
+
+
+def _on_candidate(leaves, mesh: Candidate) -> dict[str, int]:
+    """Per-device bytes of each state part on ``mesh``: every leaf's shard (a per-replica axis
+    has one entry per replica of ``mesh``)."""
+    out: dict[str, int] = {}
+    for _, field, leaf, spec in leaves:
+        names = tuple(spec) + (None,) * (len(leaf.shape) - len(tuple(spec)))
+        shards = mesh.dim_shards(PartitionSpec(*names))
+        shape = [
+            mesh.shards("replica") if n == "replica" else d
+            for d, n in zip(leaf.shape, names, strict=True)
+        ]
+        nbytes = math.prod(-(-d // s) for d, s in zip(shape, shards, strict=True))
+        name = memory.CATEGORIES.get(field, ("other state", ""))[0]
+        out[name] = out.get(name, 0) + nbytes * memory._itemsize(leaf.dtype)
+    return out
+
+
+def _suggest(sharded, leaves, programs, budget: int) -> tuple[str, int] | None:
+    """A mesh over all available devices that fits ``budget``: the most data-parallel one
+    (cheapest in communication), then the least memory; ``None`` when none does.
+
+    State parts are exact; the chunk's temporaries less the gradients are split like the batch,
+    the gradients and the init program's temporaries like the parameters."""
+    algo, layout = sharded.algo, sharded.layout
+    params_label = memory.CATEGORIES["params"][0]
+    now = _on_candidate(leaves, _current(layout))
+    params_now = max(now.get(params_label, 0), 1)
+    chunk, init = programs["chunk"], programs["init"]
+    working = max(chunk["temp"] - params_now, 0) * layout.shards("batch")
+    # the trip count argument, the metrics buffer (outputs not aliased to the state), code
+    extra = chunk["argument"] - sum(now.values()) + chunk["output"] - chunk["alias"]
+    extra += chunk["generated_code"]
+    fitting = []
+    for mesh in candidates(jax.device_count(), layout.rules):
+        if mesh.sizes == _current(layout).sizes:
+            continue
+        try:
+            type(algo).validate(algo.config, mesh.shards("batch"), mesh.shards("mlp"))
+        except ConfigError:
+            continue
+        if sharded.num_seeds % mesh.shards("seed"):
+            continue
+        parts = _on_candidate(leaves, mesh)
+        state, params = sum(parts.values()), parts.get(params_label, 0)
+        need_chunk = state + working // mesh.shards("batch") + params + extra
+        need_init = state + init["temp"] * params // params_now + init["generated_code"]
+        need = max(need_chunk, need_init)
+        if need <= budget:
+            fitting.append((-mesh.shards("batch"), need, mesh.spec))
+    if not fitting:
+        return None
+    _, need, spec = min(fitting)
+    return spec, need
+
+
+def _current(layout) -> Candidate:
+    return Candidate(tuple((a, int(s)) for a, s in layout.mesh.shape.items()), layout.rules)
+
+
+def plan_of(sharded, algorithm: str, run: RunConfig) -> Plan:
+    """The ``Plan`` of a compiled ``ShardedRun`` (``sharded.compile`` has run)."""
+    programs = {name: program_bytes(c) for name, c in sharded.compiled.items()}
+    leaves = _leaves(sharded)
+    layout = sharded.layout
+    state = memory.state_bytes(sharded.algo, layout, sharded.num_seeds)
+    local = [d for d in layout.mesh.devices.flat if d.process_index == jax.process_index()]
+    budget, source = budget_of(run, local or layout.mesh.devices.flat)
+    plan = Plan(
+        algorithm=algorithm,
+        env=str(getattr(sharded.algo.config, "env", "")),
+        mesh=mesh_spec_of(layout.mesh),
+        devices=int(layout.mesh.devices.size),
+        num_seeds=sharded.num_seeds,
+        param_count=_param_count(leaves),
+        state=state,
+        gradients=state.get(memory.CATEGORIES["params"][0], 0),
+        programs=programs,
+        largest=_largest(leaves),
+        budget=budget,
+        budget_source=source,
+        compile_seconds=dict(sharded.compile_seconds),
+        available_devices=jax.device_count(),
+    )
+    if plan.fits:
+        return plan
+    parts = {**state, memory.WORKING: plan.temporaries}
+    hints = memory._hints(sharded.algo.config, parts, sharded.num_seeds)
+    if getattr(sharded.algo.config, "compute_dtype", None) == "float32":
+        hints += ("--compute-dtype bfloat16",)
+    return dataclasses.replace(
+        plan, suggestion=_suggest(sharded, leaves, programs, budget), hints=hints
+    )
+
+
+def plan(algorithm, run: RunConfig | None = None) -> Plan:
+    """Validate (``prepare``), compile init and the update chunk as ``train`` would, and return
+    their ``Plan``; nothing runs and nothing is written. ``algorithm``: as for ``train``."""
+    run = run or RunConfig()
+    algo_cls, config = resolve_algorithm(algorithm)
+    layout, algo = prepare(algorithm, run)
+    chunk = min(run.logging.log_every, config.num_updates)
+    sharded = ShardedRun(algo, layout, run.num_seeds, chunk)
+    sharded.compile(jax.random.key(run.seed))
+    return plan_of(sharded, algorithm_name(algo_cls), run)
