@@ -237,12 +237,12 @@ def greedy_evaluator(run, seeds: list[int], episodes: int):
     import jax
     import numpy as np
 
-    from rljax.run.evaluation import Evaluator
+    from rljax.run.evaluation import Evaluator, obs_stats_of
 
     evaluator = Evaluator(run.algo, 1)  # one env per episode, vmapped: per-episode returns
 
-    def episodes_of(params, keys):  # keys [E] -> [E]
-        return jax.vmap(lambda k: evaluator(params, k)["eval_return"])(keys)
+    def episodes_of(params, stats, keys):  # keys [E] -> [E]; stats: None or frozen obs_stats
+        return jax.vmap(lambda k: evaluator(params, k, stats)["eval_return"])(keys)
 
     fn = jax.jit(jax.vmap(episodes_of) if len(seeds) > 1 else episodes_of)
 
@@ -256,7 +256,8 @@ def greedy_evaluator(run, seeds: list[int], episodes: int):
         ]
         keys = jax.numpy.stack(keys) if len(seeds) > 1 else keys[0]
         with run.layout.active():
-            out = np.asarray(jax.device_get(fn(state.params, keys)), np.float64)
+            stats = obs_stats_of(state)
+            out = np.asarray(jax.device_get(fn(state.params, stats, keys)), np.float64)
         return out.reshape(len(seeds), episodes)
 
     return evaluate
