@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     lines = [
         "# Memory per device of large residual-MLP PPO actor-critics",
         "",
-        f"`python experiments/large_networks_memory.py{' --train-100m' if args.train_100m else ''}`"
+        f"`python experiments/large_networks_memory.py {' '.join(argv or sys.argv[1:])}`"
         f" on {report['machine']}; compiled, not run (8 emulated CPU devices). Residual towers"
         f" depth {DEPTH}, expansion 4; PPO 64 envs x 16 steps, 4 minibatches. Figures per device"
         " from `rljax.run.plan` (state shards; XLA memory analysis of the compiled programs);"
