@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from rljax import PPO, ConfigError, PPOConfig, RunConfig, train
 from rljax.networks import ActorCritic, QNetwork, ResidualActorCritic, ResidualQNetwork
+from rljax.networks.cnn import CNNActorCritic, CNNQNetwork
 from rljax.parallel import Layout, make_mesh
 from rljax.parallel.rules import effective_spec, to_mesh_spec
 from rljax.parallel.sync import SyncConfig
@@ -27,8 +28,22 @@ NETWORKS = {
     "residual": ResidualActorCritic(num_actions=3, width=32, depth=2, expansion=2),
     "q_mlp": QNetwork(num_actions=3, widths=(64, 64)),
     "q_residual": ResidualQNetwork(num_actions=3, width=32, depth=1, expansion=2, dueling=True),
+    "cnn": CNNActorCritic(
+        num_actions=3,
+        obs_shape=(5, 5, 2),
+        channels=(8,),
+        actor_widths=(32, 32),
+        critic_widths=(32, 32),
+    ),
+    "q_cnn": CNNQNetwork(
+        num_actions=3,
+        obs_shape=(5, 5, 2),
+        channels=(8,),
+        head_type="residual",
+        residual=(32, 1, 2),
+    ),
 }
-OBS = jax.random.normal(jax.random.key(1), (16, 6), jnp.float32)
+OBS = jax.random.normal(jax.random.key(1), (16, 50), jnp.float32)  # also a flattened 5x5x2 image
 
 
 def loss(network, params, obs):
@@ -93,9 +108,7 @@ def fsdp_state():
 def test_parameters_and_moments_are_sharded_as_the_rules_say(fsdp_state):
     run, state = fsdp_state
     mesh = run.mesh
-    logical = nn.get_partition_spec(
-        jax.eval_shape(run.algo.init_boxed, jax.random.key(0))
-    ).params
+    logical = nn.get_partition_spec(jax.eval_shape(run.algo.init_boxed, jax.random.key(0))).params
     expected = jax.tree.map(
         lambda s: effective_spec(to_mesh_spec(s, run.layout.rules), mesh),
         logical,
