@@ -1,7 +1,7 @@
 """Learning with bigger networks: PPO on Breakout-MinAtar with a CNN and residual MLPs against
 the 2x64 MLP baseline, 3 seeds each, one step budget; and a width-scaling curve.
 
-    python experiments/large_networks_breakout.py --setting all     # the study (see budget below)
+    python experiments/large_networks_breakout.py --setting all     # the study, 490k steps/seed
     python experiments/large_networks_breakout.py --setting cnn     # one setting
     python experiments/large_networks_breakout.py --measure         # steps/s -> 30-min budget
     python experiments/large_networks_breakout.py --quick           # smoke run, to a temp dir
@@ -21,10 +21,11 @@ evaluation, 20 episodes per seed, after every chunk) and is saved as it finishes
 ``experiments/results/large_networks_breakout/<setting>.{json,md,png}``; the combined
 ``experiments/results/large_networks_breakout.{md,json,png}`` is rebuilt from the saved JSONs
 after every setting (and by ``--replot``), so an interrupted ``--setting all`` keeps the settings
-that finished. ``--measure`` runs short runs (3 seeds x 196,608 steps) into
+that finished. ``--measure`` runs short runs (3 seeds x 65,536 steps) into
 ``.../large_networks_breakout/measure/``; the combined table turns their steps/s into the largest
 budget per seed that fits ``--minutes`` (30) per setting, and uses them as its rows while no
-full run exists. A budget below 1e7 is a complete shorter run (lr annealed to 0 over it).
+full run exists. 1e7 steps per seed (the baseline's) did not fit: the default budget is the
+largest that did (``DEFAULT_TIMESTEPS``), a complete shorter run (lr annealed to 0 over it).
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ NAME = "large_networks_breakout"
 RESULTS = bh.REPO_ROOT / "experiments" / "results"
 SEEDS = [0, 1, 2]
 REFERENCE_TIMESTEPS = 10_000_000  # PureJaxRL's MinAtar budget, the baseline's
-# The largest budget per seed that fitted 30 min per setting in `--measure` (see the .md header).
-DEFAULT_TIMESTEPS = 10_000_000
-MEASURE_TIMESTEPS = 196_608  # 24 updates of 8,192 env steps
+# The largest budget per seed with which every setting fitted 30 min in `--measure` on 2026-12-03
+# (2 cores shared, load average ~5; the cnn, at 1/16 of the mlp's steps/s, decides it).
+DEFAULT_TIMESTEPS = 490_000
+MEASURE_TIMESTEPS = 65_536  # 8 updates of 8,192 env steps: the steps/s settle after 3
 QUICK_TIMESTEPS = 16_384
 BUDGET_MINUTES = 30.0
 FULL_RUN_EVALS = 21  # greedy evaluations in a full run: after each of 20 chunks (+ a remainder)
@@ -163,6 +165,7 @@ def load_baseline(path: Path = RESULTS / "ppo_breakout.json") -> dict:
             "return_std": row.get("final_return_std", 11.5),
             "num_seeds": row["num_seeds"],
             "env_steps": row["env_steps"],
+            "steps_per_s": row.get("steps_per_s"),
         }
     return {"return_mean": 65.2, "return_std": 11.5, "num_seeds": 5, "env_steps": 9_994_240}
 
@@ -238,7 +241,7 @@ def combined_report(reports: dict, measured: dict, baseline: dict, minutes: floa
         "minutes_per_setting": minutes,
         "rows": rows,
         "budget_plan": plan,
-        "budget_plan_source": "measure" if measured else "these runs",
+        "budget_plan_source": "the `--measure` runs" if measured else "these runs",
         "recommended_timesteps": common,
         "budgets": budgets,
         "from_measurement": bool(rows) and all(r.get("measure") for r in reports.values()),
@@ -281,7 +284,8 @@ def combined_markdown(c: dict) -> str:
         "4 epochs x 8 minibatches, lr 5e-3 annealed to 0 over the budget); only the network "
         f"differs. Seeds {c['seeds']} vmapped in one jit per setting; budget {budgets} env steps "
         f"per seed. {c['machine']}. Written by `experiments/{NAME}.py`; per setting (curves, "
-        f"per-seed tables): `experiments/results/{NAME}/<setting>.md`.",
+        f"per-seed tables): `experiments/results/{NAME}/<setting>.md` (`--measure` runs: "
+        f"`.../{NAME}/measure/<setting>.md`).",
         "",
     ]
     if c["from_measurement"]:
@@ -309,7 +313,8 @@ def combined_markdown(c: dict) -> str:
         "",
         f"From the steps/s of {c['budget_plan_source']} (3 seeds): per setting, (time - compile - "
         f"init - {FULL_RUN_EVALS} greedy evaluations) x steps/s / 3 seeds, down to whole updates, "
-        "capped at 1e7. All settings share one budget, so the slowest decides it.",
+        "capped at 1e7. All settings share one budget, so the slowest decides it. The steps/s "
+        "depend on the machine's load (other jobs share the 2 cores)" + idle_note(c),
         "",
     ]
     plan = [
@@ -320,18 +325,31 @@ def combined_markdown(c: dict) -> str:
     if c["recommended_timesteps"] is not None:
         rec = c["recommended_timesteps"]
         note = (
-            "1e7, the baseline's budget, fits every setting."
+            "1e7, the baseline's budget, fits every setting"
             if rec >= REFERENCE_TIMESTEPS
-            else f"1e7 does not fit every setting; the largest common budget is {rec:,} env "
-            "steps per seed (two significant figures), a complete shorter run."
+            else "1e7 does not fit every setting; this is the largest common budget that does, "
+            "to two significant figures, a complete shorter run with the lr annealed over it"
         )
         lines += [
             "",
-            f"**Recommended budget: {rec:,} env steps per seed** ({note} On a busier or idler "
-            "machine the times scale with the steps/s.) Run: `python experiments/"
-            f"{NAME}.py --setting all --total-timesteps {rec}`.",
+            f"**Recommended budget: {rec:,} env steps per seed** ({note}). Run: `python "
+            f"experiments/{NAME}.py --setting all --total-timesteps {rec}`.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def idle_note(c: dict) -> str:
+    """How much faster the baseline's run trained per seed than the mlp measured here."""
+    b = c["baseline"]
+    mlp = next((p for p in c["budget_plan"] if p["setting"] == "mlp"), None)
+    if not (b.get("steps_per_s") and mlp):
+        return "."
+    then, now = b["steps_per_s"] / b["num_seeds"], mlp["steps_per_s"] / len(c["seeds"])
+    return (
+        f"; the baseline's run trained at {then:,.0f} steps/s per seed ({b['num_seeds']} seeds "
+        f"vmapped), the mlp here at {now:,.0f}, so on a machine as quiet as then every budget "
+        f"here grows about {then / now:.1f}x. Time/step vs mlp is the load-independent part."
+    )
 
 
 def combined_plot(c: dict, reports: dict, path: Path) -> None:
