@@ -70,3 +70,39 @@ def test_greedy_evaluation_is_the_headline_and_its_absence_is_said():
     assert report["row"]["eval_at_max"] == 6
     text = curve_study_markdown(report)
     assert "no greedy evaluation" not in text and "6 of 6 episodes at the maximum" in text
+
+
+def test_large_networks_table_and_budget_come_from_the_saved_settings(tmp_path):
+    import json
+
+    from experiments import large_networks_breakout as study
+
+    def setting_json(setting, steps_per_s, compile_s, eval_s):
+        report = report_of(np.full((8, 3), 2.0), threshold=None, return_range=(0.0, None))
+        report["eval"] = {"episodes": 2, "updates": [4, 8], "returns": [[[1, 3]] * 3] * 2}
+        summarise_curves(report)
+        report["row"].update(
+            env_steps=65_536, steps_per_s=steps_per_s, compile_s=compile_s, init_s=0.0,
+            eval_s=eval_s,
+        )  # fmt: skip
+        report.update(setting=setting, parameters=1000, env_steps_per_update=8192)
+        return report
+
+    measure = tmp_path / "large_networks_breakout" / "measure"
+    measure.mkdir(parents=True)
+    for setting, rate, compile_s, eval_s in (("mlp", 30_000, 10, 2), ("cnn", 3_000, 20, 0)):
+        (measure / f"{setting}.json").write_text(
+            json.dumps(setting_json(setting, rate, compile_s, eval_s))
+        )
+    stem = tmp_path / "large_networks_breakout"
+    c = study.build_combined(stem, stem, minutes=30)
+    # cnn: (1800 s - 20 s compile) x 3,000 steps/s / 3 seeds = 1,780,000 -> 217 updates of 8,192
+    plan = {p["setting"]: p["fits_steps"] for p in c["budget_plan"]}
+    assert plan == {"mlp": 10_000_000, "cnn": 217 * 8192}
+    text = stem.with_suffix(".md").read_text()
+    assert "Recommended budget: 1,700,000 env steps per seed" in text
+    assert "First table: the short measurement runs" in text
+    assert "a different budget from this table's" in text  # the 1e7 baseline vs 65,536
+    assert "| cnn | CNN 3x3x16 (SAME) + 2x64 heads | 1,000 | 65,536 | 2.0 [0.9, 3.1] |" in text
+    assert json.loads(stem.with_suffix(".json").read_text())["recommended_timesteps"] == 1_700_000
+    assert stem.with_suffix(".png").stat().st_size > 0
