@@ -176,66 +176,75 @@ def main(argv=None) -> int:
             ratio = fm["state"] / one["state"]
             bars[size] = {"ratio": ratio, "bar": 1 / 8 * 1.1, "holds": ratio <= 1 / 8 * 1.1}
     report["bar_state_fsdp4_model2_over_one_device"] = bars
+
+    def emit() -> None:
+        report["wall_s"] = time.perf_counter() - start
+        columns = [
+            ("size", "size", "{}"),
+            ("parameters", "param_count", "{:,}"),
+            ("layout", "layout", "{}"),
+            ("params MiB", "params", "mib"),
+            ("Adam MiB", "opt_state", "mib"),
+            ("grads MiB", "gradients", "mib"),
+            ("temporaries MiB", "temporaries", "mib"),
+            ("state MiB", "state", "mib"),
+            ("needed MiB", "needed", "mib"),
+            ("compile s", "compile_s", "{:.1f}"),
+        ]
+        table_rows = [
+            {k: (mib(r[k]) if fmt == "mib" else fmt.format(r[k])) for _, k, fmt in columns}
+            for r in rows
+        ]
+        table = markdown_table(table_rows, [(h, k, "") for h, k, _ in columns])
+        lines = [
+            "# Memory per device of large residual-MLP PPO actor-critics",
+            "",
+            f"`python experiments/large_networks_memory.py {' '.join(argv or sys.argv[1:])}`"
+            f" on {report['machine']}; compiled, not run (8 emulated CPU devices). Residual"
+            f" towers depth {DEPTH}, expansion 4; PPO 64 envs x 16 steps, 4 minibatches. Figures"
+            " per device"
+            " from `rljax.run.plan` (state shards; XLA memory analysis of the compiled programs);"
+            " gradients are inside the temporaries, not added. 'needed' = arguments + outputs -"
+            " aliased + temporaries + code of the bigger program.",
+            "",
+            table,
+            "",
+        ]
+        for size, b in bars.items():
+            verdict = "holds" if b["holds"] else "FAILS"
+            lines.append(
+                f"- {size}: training state per device on fsdp=4,model=2 is {b['ratio']:.4f} of the "
+                f"1-device state (bar: <= 1/8 + 10 % = {b['bar']:.4f}): {verdict}."
+            )
+        if "train_100m" in report:
+            t = report["train_100m"]
+            lines += [
+                "",
+                "## A 100M+ parameter policy trained",
+                "",
+                f"{t['updates']} PPO updates of a {t['param_count']:,}-parameter residual "
+                "actor-critic"
+                f" (width {t['width']}) on {t['mesh']} (8 emulated CPU devices): losses "
+                f"{', '.join(f'{x:.4f}' for x in t['losses'])} (finite: {t['finite']}). Planned "
+                f"bytes per device {mib(t['planned_bytes_per_device'] or 0)} MiB; the process's "
+                "peak"
+                f" RSS {mib(t['process_peak_rss'])} MiB for all 8 devices (CPU devices report no "
+                f"per-device peak; {mib(t['process_peak_rss_per_device'])} MiB per device if"
+                f" shared evenly). {t['steps_per_second']:.1f} env steps/s, {t['wall_s']:.0f} s "
+                "wall"
+                " including compile.",
+            ]
+        write_report(out / "large_networks_memory.json", "large_networks_memory", report)
+        (out / "large_networks_memory.md").write_text("\n".join(lines) + "\n")
+        plot(rows, out / "large_networks_memory.png")
+        print("\n".join(lines))
+
+    emit()  # the table first: training may take long or be stopped
     if args.train_100m:
         with tempfile.TemporaryDirectory() as tmp:
             width = 128 if args.quick else SIZES["100M"]
             report["train_100m"] = train_100m(Path(tmp), width=width)
-    report["wall_s"] = time.perf_counter() - start
-    columns = [
-        ("size", "size", "{}"),
-        ("parameters", "param_count", "{:,}"),
-        ("layout", "layout", "{}"),
-        ("params MiB", "params", "mib"),
-        ("Adam MiB", "opt_state", "mib"),
-        ("grads MiB", "gradients", "mib"),
-        ("temporaries MiB", "temporaries", "mib"),
-        ("state MiB", "state", "mib"),
-        ("needed MiB", "needed", "mib"),
-        ("compile s", "compile_s", "{:.1f}"),
-    ]
-    table_rows = [
-        {k: (mib(r[k]) if fmt == "mib" else fmt.format(r[k])) for _, k, fmt in columns}
-        for r in rows
-    ]
-    table = markdown_table(table_rows, [(h, k, "") for h, k, _ in columns])
-    lines = [
-        "# Memory per device of large residual-MLP PPO actor-critics",
-        "",
-        f"`python experiments/large_networks_memory.py {' '.join(argv or sys.argv[1:])}`"
-        f" on {report['machine']}; compiled, not run (8 emulated CPU devices). Residual towers"
-        f" depth {DEPTH}, expansion 4; PPO 64 envs x 16 steps, 4 minibatches. Figures per device"
-        " from `rljax.run.plan` (state shards; XLA memory analysis of the compiled programs);"
-        " gradients are inside the temporaries, not added. 'needed' = arguments + outputs -"
-        " aliased + temporaries + code of the bigger program.",
-        "",
-        table,
-        "",
-    ]
-    for size, b in bars.items():
-        verdict = "holds" if b["holds"] else "FAILS"
-        lines.append(
-            f"- {size}: training state per device on fsdp=4,model=2 is {b['ratio']:.4f} of the "
-            f"1-device state (bar: <= 1/8 + 10 % = {b['bar']:.4f}): {verdict}."
-        )
-    if "train_100m" in report:
-        t = report["train_100m"]
-        lines += [
-            "",
-            "## A 100M+ parameter policy trained",
-            "",
-            f"{t['updates']} PPO updates of a {t['param_count']:,}-parameter residual actor-critic"
-            f" (width {t['width']}) on {t['mesh']} (8 emulated CPU devices): losses "
-            f"{', '.join(f'{x:.4f}' for x in t['losses'])} (finite: {t['finite']}). Planned "
-            f"bytes per device {mib(t['planned_bytes_per_device'] or 0)} MiB; the process's peak"
-            f" RSS {mib(t['process_peak_rss'])} MiB for all 8 devices (CPU devices report no "
-            f"per-device peak; {mib(t['process_peak_rss_per_device'])} MiB per device if"
-            f" shared evenly). {t['steps_per_second']:.1f} env steps/s, {t['wall_s']:.0f} s wall"
-            " including compile.",
-        ]
-    write_report(out / "large_networks_memory.json", "large_networks_memory", report)
-    (out / "large_networks_memory.md").write_text("\n".join(lines) + "\n")
-    plot(rows, out / "large_networks_memory.png")
-    print("\n".join(lines))
+        emit()
     return 0
 
 
