@@ -129,7 +129,7 @@ def test_dqn_learns_cartpole():
 
 BAD_INPUT = [
     (dict(buffer_size=100), "data=1", "buffer_size=100 is smaller than batch_size=128"),
-    (dict(batch_size=130, num_envs=8), "data=4", "batch_size=130 is not divisible by the data"),
+    (dict(batch_size=130, num_envs=8), "data=4", "batch_size=130 is not divisible by the 4"),
     (dict(learning_starts=600_000), "data=1", "learning_starts=600000 is not below total_time"),
     (dict(epsilon_start=1.5), "data=1", "epsilon_start must be in [0, 1], got 1.5"),
     (dict(epsilon_end=-0.1), "data=1", "epsilon_end must be in [0, 1], got -0.1"),

@@ -101,7 +101,7 @@ def test_layout_record_and_mismatch(mesh4):
     }
     record = layout_record(state)
     assert record["format"] == FORMAT_VERSION
-    assert record["mesh"] == {"data": 2, "model": 2}
+    assert record["mesh"] == {"data": 2, "fsdp": 1, "model": 2}
     assert record["leaves"] == [
         {"path": "['k']", "shape": [], "dtype": "key<fry>", "spec": []},
         {"path": "['n']", "shape": [3], "dtype": "int32", "spec": None},
