@@ -139,36 +139,29 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
     ``activation``, optionally ``torso_widths``, and the ``NetworkSettings``): ``obs: [B@batch,
     D]`` -> ``(logits [B@batch, A], value [B@batch])`` float32, and ``.value(obs)``."""
     c = config
-    network, dtype = getattr(c, "network", "mlp"), getattr(c, "compute_dtype", "float32")
+    network = getattr(c, "network", "mlp")
+    common = dict(
+        num_actions=spec.num_actions,
+        activation=c.activation,
+        compute_dtype=getattr(c, "compute_dtype", "float32"),
+    )
     if network == "cnn":
         return CNNActorCritic(
-            num_actions=spec.num_actions,
             actor_widths=c.actor_widths,
             critic_widths=c.critic_widths,
-            activation=c.activation,
-            compute_dtype=dtype,
+            **common,
             **cnn_fields(c, spec),
         )
-    precision = {"param_dtype": getattr(c, "param_dtype", "float32")}
-    precision["remat"] = getattr(c, "remat", "none")
+    common.update(
+        param_dtype=getattr(c, "param_dtype", "float32"), remat=getattr(c, "remat", "none")
+    )
     if network == "residual":
-        return ResidualActorCritic(
-            num_actions=spec.num_actions,
-            width=c.residual_width,
-            depth=c.residual_depth,
-            expansion=c.residual_expansion,
-            activation=c.activation,
-            compute_dtype=dtype,
-            **precision,
-        )
+        return ResidualActorCritic(**residual_fields(c), **common)
     return ActorCritic(
-        num_actions=spec.num_actions,
         actor_widths=c.actor_widths,
         critic_widths=c.critic_widths,
         torso_widths=getattr(c, "torso_widths", ()),
-        activation=c.activation,
-        compute_dtype=dtype,
-        **precision,
+        **common,
     )
 
 
@@ -176,35 +169,26 @@ def q_network(config, spec: EnvSpec) -> nn.Module:
     """The Q-network of a DQN config (``q_widths``, ``activation``, ``dueling`` and the
     ``NetworkSettings``): ``obs: [B@batch, D]`` -> ``q [B@batch, A]`` float32."""
     c = config
-    if c.network == "cnn":
-        return CNNQNetwork(
-            num_actions=spec.num_actions,
-            widths=c.q_widths,
-            activation=c.activation,
-            dueling=c.dueling,
-            compute_dtype=c.compute_dtype,
-            **cnn_fields(c, spec),
-        )
-    if c.network == "residual":
-        return ResidualQNetwork(
-            num_actions=spec.num_actions,
-            width=c.residual_width,
-            depth=c.residual_depth,
-            expansion=c.residual_expansion,
-            activation=c.activation,
-            dueling=c.dueling,
-            compute_dtype=c.compute_dtype,
-            param_dtype=c.param_dtype,
-            remat=c.remat,
-        )
-    return QNetwork(
+    common = dict(
         num_actions=spec.num_actions,
-        widths=c.q_widths,
         activation=c.activation,
         dueling=c.dueling,
         compute_dtype=c.compute_dtype,
-        param_dtype=c.param_dtype,
-        remat=c.remat,
+    )
+    if c.network == "cnn":
+        return CNNQNetwork(widths=c.q_widths, **common, **cnn_fields(c, spec))
+    common.update(param_dtype=c.param_dtype, remat=c.remat)
+    if c.network == "residual":
+        return ResidualQNetwork(**residual_fields(c), **common)
+    return QNetwork(widths=c.q_widths, **common)
+
+
+def residual_fields(config) -> dict:
+    """``width``/``depth``/``expansion`` of a config's ``residual_*`` settings."""
+    return dict(
+        width=config.residual_width,
+        depth=config.residual_depth,
+        expansion=config.residual_expansion,
     )
 
 

@@ -20,6 +20,7 @@ from rljax.errors import ConfigError
 from rljax.networks import ActorCritic, QNetwork, ResidualActorCritic, ResidualQNetwork
 from rljax.run import memory
 from rljax.run.sharded import prepare
+from tests.networks.host_params import draw_host_params
 
 OBS = jax.random.normal(jax.random.key(1), (16, 6))
 BF16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
@@ -33,15 +34,7 @@ NETWORKS = {
 
 @functools.cache
 def host_params(name):
-    """float32 parameters of the init's shapes, drawn on the host (no initialiser compiles)."""
-    abstract = nn.meta.unbox(jax.eval_shape(NETWORKS[name].init, jax.random.key(0), OBS))
-    rng = np.random.default_rng(0)
-
-    def draw(x):
-        scale = 1 / np.sqrt(x.shape[0]) if x.ndim == 2 else 0.1
-        return jnp.asarray(scale * rng.standard_normal(x.shape), jnp.float32)
-
-    return jax.tree.map(draw, abstract)
+    return draw_host_params(NETWORKS[name], OBS)
 
 
 def relative_error(a, b) -> float:

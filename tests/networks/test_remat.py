@@ -8,10 +8,10 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from rljax.networks import ActorCritic, QNetwork, ResidualActorCritic, ResidualQNetwork
+from tests.networks.host_params import draw_host_params
 
 OBS = jax.random.normal(jax.random.key(2), (8, 6))
 TARGETS = jnp.linspace(-1.0, 1.0, 8)
@@ -37,14 +37,7 @@ def loss_of(net):
 
 @functools.cache
 def host_params(name):
-    abstract = nn.meta.unbox(jax.eval_shape(NETWORKS[name].init, jax.random.key(0), OBS))
-    rng = np.random.default_rng(0)
-
-    def draw(x):
-        scale = 1 / np.sqrt(x.shape[0]) if x.ndim == 2 else 0.1
-        return jnp.asarray(scale * rng.standard_normal(x.shape), jnp.float32)
-
-    return jax.tree.map(draw, abstract)
+    return draw_host_params(NETWORKS[name], OBS)
 
 
 def checkpoints(jaxpr) -> int:
