@@ -218,6 +218,8 @@ def launch(
     )
     if devices_per_process is not None:
         base_env["JAX_NUM_CPU_DEVICES"] = str(devices_per_process)
+        if devices_per_process > 1:  # see rljax.parallel.mesh.limit_lapack_threads
+            base_env.setdefault("OPENBLAS_NUM_THREADS", "1")
     if cpu:
         base_env["JAX_PLATFORMS"] = "cpu"
     if heartbeat_timeout_s is not None:

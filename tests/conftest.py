@@ -4,6 +4,7 @@ import os
 
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 os.environ.setdefault("XLA_FLAGS", "")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as set_num_cpu_devices does
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

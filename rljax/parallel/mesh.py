@@ -98,10 +98,27 @@ def _backends_initialized() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
+def limit_lapack_threads() -> None:
+    """One OpenBLAS thread for JAX's CPU LAPACK kernels (QR, eigh, ...), unless the user chose.
+
+    Emulated devices run their programs on concurrent threads of one process; each LAPACK call
+    then starts its own OpenBLAS thread pool, and the pools spin against each other. Measured on
+    2 cores: a replicated 320x1280 QR takes 2.2 s on 8 emulated devices and 0.07 s with one
+    thread (0.03 s on 1 device); the orthogonal init of a 105M-parameter network on
+    fsdp=4,model=2 never finished. JAX loads this OpenBLAS (through scipy) on the first LAPACK
+    call, so the variable takes effect when set before that."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def set_num_cpu_devices(n: int) -> None:
-    """Emulate ``n`` CPU devices. Must run before JAX executes anything in this process."""
+    """Emulate ``n`` CPU devices. Must run before JAX executes anything in this process.
+
+    Also sets ``OPENBLAS_NUM_THREADS=1`` (unless already set) for ``n > 1``: see
+    ``limit_lapack_threads``."""
     if n < 1:
         raise ConfigError(f"number of devices must be >= 1, got {n}")
+    if n > 1:
+        limit_lapack_threads()
     if _backends_initialized():
         have = jax.device_count()
         if jax.default_backend() == "cpu" and have == n:
