@@ -56,8 +56,13 @@ def nonfinite_state(state) -> list[tuple[str, str]]:
     """``(path, "<n> of <size> values")`` of every floating leaf of ``state`` (parameters,
     optimizer and sync state, environments, replay priorities, ...) holding NaN/Inf; one
     compiled reduction, its result the same on every process."""
+    return split_entries(integrity.nonfinite_leaves(state))
+
+
+def split_entries(entries: list[str]) -> list[tuple[str, str]]:
+    """``"<path> (<n> of <size> values)"`` entries -> ``(dotted path, "<n> of <size> values")``."""
     out = []
-    for entry in integrity.nonfinite_leaves(state):
+    for entry in entries:
         path, _, count = entry.partition(" (")
         out.append((dotted(path), count.rstrip(")")))
     return out
@@ -91,7 +96,7 @@ class NonFiniteGuard:
     def __call__(self, info: ChunkInfo) -> None:
         problem = first_nonfinite(info.rows)
         if problem is None:
-            bad = nonfinite_state(info.state)
+            bad = split_entries(info.nonfinite_state())  # counted by the chunk program
             if bad:
                 paths = [path for path, _ in bad]
                 under_params = all(p == "params" or p.startswith("params.") for p in paths)

@@ -190,12 +190,39 @@ def is_prng_key(x) -> bool:
     return jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key)
 
 
+def floating_leaves(state) -> list[tuple[str, Any]]:
+    """``(path, leaf)`` of every floating leaf of ``state`` (arrays or abstract), keys excluded:
+    the leaves ``nonfinite_counts`` counts, in the same order."""
+    out = []
+    for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
+        dtype = getattr(x, "dtype", None)
+        if dtype is None or is_prng_key(x) or not jnp.issubdtype(dtype, jnp.inexact):
+            continue
+        out.append((jax.tree_util.keystr(path), x))
+    return out
+
+
+def nonfinite_counts(state) -> jax.Array:
+    """NaN/inf values per ``floating_leaves(state)`` leaf, ``int32 [L]`` (traceable: the chunk
+    program computes it on its final state, so the guard needs no extra call)."""
+    leaves = [x for _, x in floating_leaves(state)]
+    if not leaves:
+        return jnp.zeros((0,), jnp.int32)
+    return jnp.stack([jnp.count_nonzero(~jnp.isfinite(x)).astype(jnp.int32) for x in leaves])
+
+
+def describe_nonfinite(named_sizes, counts) -> list[str]:
+    """``"<path> (<n> of <size> values)"`` for each ``(path, size)`` whose count is nonzero."""
+    return [
+        f"{name} ({int(c)} of {size} values)"
+        for (name, size), c in zip(named_sizes, counts, strict=True)
+        if c
+    ]
+
+
 @functools.lru_cache(maxsize=32)
 def _nonfinite_counter(out_sharding):
-    def count(leaves):
-        return jnp.stack([jnp.count_nonzero(~jnp.isfinite(x)) for x in leaves])
-
-    return jax.jit(count, out_shardings=out_sharding)
+    return jax.jit(nonfinite_counts, out_shardings=out_sharding)
 
 
 def nonfinite_leaves(state) -> list[str]:
@@ -206,11 +233,7 @@ def nonfinite_leaves(state) -> list[str]:
     """
     groups: dict[Any, list[tuple[str, Any]]] = {}
     bad = []
-    for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
-        dtype = getattr(x, "dtype", None)
-        if dtype is None or is_prng_key(x) or not jnp.issubdtype(dtype, jnp.inexact):
-            continue
-        name = jax.tree_util.keystr(path)
+    for name, x in floating_leaves(state):
         if not isinstance(x, jax.Array):
             count = int(np.count_nonzero(~np.isfinite(np.asarray(x))))
             if count:
@@ -227,11 +250,7 @@ def nonfinite_leaves(state) -> list[str]:
             NamedSharding(group, PartitionSpec()) if isinstance(group, jax.sharding.Mesh) else None
         )
         counts = np.asarray(_nonfinite_counter(out)([x for _, x in items]))
-        bad += [
-            f"{name} ({int(c)} of {x.size} values)"
-            for (name, x), c in zip(items, counts, strict=True)
-            if c
-        ]
+        bad += describe_nonfinite([(name, x.size) for name, x in items], counts)
     return bad
 
 

@@ -74,6 +74,17 @@ class ChunkInfo:
     rows: list[dict[str, Any]]  # one per update; hooks may add columns (evaluation, ...)
     at_end: bool = False
     stop_reason: str | None = None
+    checked: tuple[Any, np.ndarray] | None = None  # (chunk's state, its NaN/inf counts [L])
+
+    def nonfinite_state(self) -> list[str]:
+        """``"<path> (<n> of <size> values)"`` of the current state's floating leaves holding
+        NaN/inf: from the counts the chunk program computed, or (a hook replaced the state, or
+        the run has no counts) one compiled reduction."""
+        from rljax.run import integrity
+
+        if self.checked is not None and self.checked[0] is self.loop.state:
+            return integrity.describe_nonfinite(self.loop.sharded.floating_paths, self.checked[1])
+        return integrity.nonfinite_leaves(self.state)
 
     @property
     def state(self):
@@ -177,7 +188,10 @@ class Loop:
             count = min(self.sharded.chunk_size, self.num_updates - first)
             t0 = time.perf_counter()
             self.chunk = (first, count, t0)
-            self.state, metrics = self.sharded.run_chunk(self.state, count)
+            if hasattr(self.sharded, "run_chunk_checked"):
+                self.state, metrics, nonfinite = self.sharded.run_chunk_checked(self.state, count)
+            else:
+                (self.state, metrics), nonfinite = self.sharded.run_chunk(self.state, count), None
             metrics = jax.tree.map(lambda m, n=count: to_host(m)[:n], metrics)  # waits
             self.compiled_seconds += time.perf_counter() - t0
             self.compiled_updates += count
@@ -186,6 +200,8 @@ class Loop:
                 self, first, self.update, metrics, self._rows(metrics, first),
                 at_end=self.update >= self.num_updates,
             )  # fmt: skip
+            if nonfinite is not None:
+                info.checked = (self.state, to_host(nonfinite))
             self._run_hooks(info)
         self._t_end = time.perf_counter()
         return self.state

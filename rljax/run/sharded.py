@@ -28,7 +28,7 @@ from rljax.errors import ConfigError
 from rljax.parallel import Layout, make_mesh, set_num_cpu_devices
 from rljax.parallel.rules import RULES, Rules, prepend_axis, seeds_on
 from rljax.parallel.sync import validate_layout
-from rljax.run import memory
+from rljax.run import integrity, memory
 from rljax.run.config import RunConfig, check_num_devices, validate_run
 
 
@@ -150,7 +150,9 @@ class ShardedRun:
         # Metrics replicated: every process can read them (multi-host) without a gather.
         replicated = NamedSharding(mesh, PartitionSpec())
         self._chunk_jit = jax.jit(
-            self._run_updates, out_shardings=(self.state_shardings, replicated), donate_argnums=0
+            self._run_updates,
+            out_shardings=(self.state_shardings, replicated, replicated),
+            donate_argnums=0,
         )
         self.compile_seconds: dict[str, float] = {}
         self.compiled: dict[str, Any] = {}
@@ -190,7 +192,8 @@ class ShardedRun:
             buffer = jax.tree.map(lambda b, m: b.at[i].set(m), buffer, metrics)
             return state, buffer
 
-        return jax.lax.fori_loop(0, num_updates, body, (state, buffer))
+        state, buffer = jax.lax.fori_loop(0, num_updates, body, (state, buffer))
+        return state, buffer, integrity.nonfinite_counts(state)
 
     def init(self, key: jax.Array):
         with self.layout.active():
@@ -223,10 +226,22 @@ class ShardedRun:
     def run_chunk(self, state, num_updates: int):
         """``num_updates`` (1..chunk_size) updates in one call -> ``(state, metrics
         [chunk_size, (S,)])``; rows past ``num_updates`` are zeros (``Loop`` trims them)."""
+        state, metrics, _ = self.run_chunk_checked(state, num_updates)
+        return state, metrics
+
+    def run_chunk_checked(self, state, num_updates: int):
+        """``run_chunk`` plus ``nonfinite [L]``: NaN/inf counts of the new state's floating
+        leaves, in the order of ``floating_paths()`` (the loop's guard reads them; no second
+        program runs over the state)."""
         if not 0 < num_updates <= self.chunk_size:
             raise ValueError(f"num_updates must be in [1, {self.chunk_size}], got {num_updates}")
         with self.layout.active():
             return self._chunk_jit(state, replicate(self.mesh, jnp.int32(num_updates)))
+
+    @functools.cached_property
+    def floating_paths(self) -> list[tuple[str, int]]:
+        """``(path, size)`` of the state's floating leaves: what ``nonfinite`` counts."""
+        return [(name, x.size) for name, x in integrity.floating_leaves(self.abstract_state())]
 
 
 def check_layout(algo, layout: Layout) -> None:
