@@ -231,7 +231,7 @@ class ShardedRun:
 
     def run_chunk_checked(self, state, num_updates: int):
         """``run_chunk`` plus ``nonfinite [L]``: NaN/inf counts of the new state's floating
-        leaves, in the order of ``floating_paths()`` (the loop's guard reads them; no second
+        leaves, in the order of ``floating_paths`` (the loop's guard reads them; no second
         program runs over the state)."""
         if not 0 < num_updates <= self.chunk_size:
             raise ValueError(f"num_updates must be in [1, {self.chunk_size}], got {num_updates}")
