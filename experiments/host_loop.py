@@ -31,6 +31,7 @@ from experiments.bench_harness import (  # noqa: E402
     log,
     machine_line,
     markdown_table,
+    timed,
     write_report,
 )
 
@@ -84,11 +85,12 @@ def main(argv=None) -> int:
     speeds = {"bare loop": [], "train()": [], "train() inside chunks": []}
     train_compile, hooks = [], []
     for repeat in range(args.repeats):
-        state = jax.block_until_ready(bare.init(jax.random.key(repeat)))
-        t0 = time.perf_counter()
-        state, metrics = bare.run_chunk(state, config.num_updates)
-        jax.block_until_ready(metrics)
-        speeds["bare loop"].append(steps / (time.perf_counter() - t0))
+        seconds, _, _ = timed(
+            lambda state: bare.run_chunk(state, config.num_updates),
+            lambda repeat=repeat: bare.init(jax.random.key(repeat)),
+            repeats=1,
+        )
+        speeds["bare loop"].append(steps / seconds)
         log(f"repeat {repeat}: bare loop {speeds['bare loop'][-1]:,.0f} steps/s")
         totals.clear(), calls.clear()
         with tempfile.TemporaryDirectory() as tmp:
