@@ -160,8 +160,10 @@ class Checkpointer:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def save(self, step: int, state, metadata: dict) -> None:
-        """Write ``state`` (any pytree of arrays, typed keys allowed) and JSON ``metadata``.
+    def save(self, step: int, state, metadata: dict, *, known_finite: bool = False) -> None:
+        """Write ``state`` (any pytree of arrays, typed keys allowed) and JSON ``metadata``;
+        ``known_finite``: the caller has counted the state's NaN/inf values (none), so the
+        check below does not run again.
 
         Returns once the arrays are copied to host (async) or written (sync). Raises
         ``NonFiniteStateError`` naming every floating leaf with NaN/inf, and ``CheckpointError``
@@ -174,7 +176,7 @@ class Checkpointer:
             metadata_text = json.dumps(metadata)
         except (TypeError, ValueError) as e:
             raise TypeError(f"checkpoint metadata must be JSON-serialisable: {e}") from None
-        bad = integrity.nonfinite_leaves(state)
+        bad = [] if known_finite else integrity.nonfinite_leaves(state)
         if bad:
             raise NonFiniteStateError(
                 f"refusing to save step {step} to {self.directory}: non-finite values (NaN/inf) "

@@ -22,6 +22,17 @@ from an earlier point (rollback): the rest of this chunk's hooks are skipped and
 after it in the order fire in the same pass (so an end-of-run evaluation lands on the row before
 it is logged). Errors are exceptions (``TrainingError``).
 
+Pipelining: when the sharded run counts the state's NaN/inf values in the chunk program
+(``run_chunk_checked``) and no hook that reads the state fires at a chunk's boundary, the next chunk
+is dispatched before that chunk's metrics reach the host, so the device never waits for the hooks.
+A hook declares ``reads_state=False`` when it only reads rows, metrics and the loop (the built-in
+guard, signals, logging, polling and progress do); every other hook (the default, and the
+evaluation and checkpoint hooks) makes the loop wait at its boundaries, because the next chunk
+consumes (donates) the state. A boundary run this way has the next chunk in flight while its hooks
+run: a stop request there ends the loop one chunk later (the in-flight chunk finishes and its
+boundary runs the ``at_end`` hooks), and ``rewind``/``replace_state`` there drop the in-flight
+chunk and continue from the new state. ``Loop(..., pipeline=False)`` turns it off.
+
 Memory stays flat: ``loop.rows`` keeps only the last ``keep_rows`` rows (a ``deque``); the whole
 run's rows are what ``log_metrics`` streamed to ``metrics.jsonl``.
 
@@ -52,12 +63,14 @@ TIMING_COLUMNS = ("wall_time", "steps_per_second")  # row columns that differ be
 class Hook:
     """``fn(info)`` every ``every`` updates (None: only at the end), optionally at the end;
     ``first``: before the hooks added so far (e.g. a hook that replaces the state, so that the
-    non-finite guard checks what it produced)."""
+    non-finite guard checks what it produced); ``reads_state=False``: ``fn`` never reads
+    ``info.state``, so the next chunk may already run (see the module doc)."""
 
     fn: HookFn
     every: int | None = 1
     at_end: bool = False
     first: bool = False
+    reads_state: bool = True  # False: only rows/metrics/loop; the next chunk may run meanwhile
 
     def fires(self, first_update: int, update: int) -> bool:
         return bool(self.every) and first_update // self.every < update // self.every
@@ -89,7 +102,15 @@ class ChunkInfo:
     @property
     def state(self):
         """The current state (after any ``replace_state`` by an earlier hook)."""
+        if self.loop.in_flight is not None and self.loop.state is self.pipelined_state:
+            raise RuntimeError(
+                f"a hook read info.state at update {self.update}, but it was added with "
+                "reads_state=False and the next chunk already consumes this state; add it with "
+                "reads_state=True (the default)"
+            )
         return self.loop.state
+
+    pipelined_state: Any = None  # the state the in-flight chunk was dispatched with
 
     @property
     def num_updates(self) -> int:
@@ -107,9 +128,11 @@ class Loop:
         *,
         keep_rows: int = 1000,
         clock_origin: float | None = None,
+        pipeline: bool = True,
     ):
         """``keep_rows``: how many of the latest rows ``loop.rows`` keeps; ``clock_origin``: the
-        ``time.perf_counter()`` that rows' ``wall_time`` counts from (default: ``run``'s start)."""
+        ``time.perf_counter()`` that rows' ``wall_time`` counts from (default: ``run``'s start);
+        ``pipeline``: dispatch the next chunk before the hooks where allowed (module doc)."""
         self.sharded = sharded_run
         self.num_updates = num_updates
         self.env_steps_per_update = env_steps_per_update
@@ -125,13 +148,23 @@ class Loop:
         self.compiled_seconds = 0.0  # inside compiled chunks (this loop)
         self.compiled_updates = 0  # updates those chunks ran (rewound ones included)
         self.chunk: tuple[int, int, float] | None = None  # (first, count, start) while one runs
+        self.pipeline = pipeline and hasattr(sharded_run, "run_chunk_checked")
+        self.in_flight: _Chunk | None = None  # dispatched during the current hooks
+        self.pipelined_chunks = 0  # boundaries whose hooks ran with the next chunk in flight
         self._rewound = False
+        self._replaced = False
 
     # -- hooks and control --------------------------------------------------------------------
     def add_hook(
-        self, fn: HookFn | Hook, every: int | None = 1, *, at_end: bool = False, first=False
+        self,
+        fn: HookFn | Hook,
+        every: int | None = 1,
+        *,
+        at_end: bool = False,
+        first: bool = False,
+        reads_state: bool = True,
     ) -> Hook:
-        hook = fn if isinstance(fn, Hook) else Hook(fn, every, at_end, first)
+        hook = fn if isinstance(fn, Hook) else Hook(fn, every, at_end, first, reads_state)
         if hook.every is not None and hook.every < 1:
             raise ValueError(f"hook every must be >= 1 or None (only at_end), got {hook.every}")
         if hook.first:
@@ -145,7 +178,7 @@ class Loop:
         self.stop_reason = self.stop_reason or reason
 
     def replace_state(self, state) -> None:
-        self.state = state
+        self.state, self._replaced = state, True
 
     def rewind(self, update: int, state) -> None:
         """Continue from ``state`` after ``update`` (<= the current update); skips the rest of
@@ -183,41 +216,67 @@ class Loop:
         self._t_start, self._t_end = time.perf_counter(), None
         if self.clock_origin is None:
             self.clock_origin = self._t_start
-        while self.update < self.num_updates and self.stop_reason is None:
-            first = self.update
-            count = min(self.sharded.chunk_size, self.num_updates - first)
-            t0 = time.perf_counter()
-            self.chunk = (first, count, t0)
-            if hasattr(self.sharded, "run_chunk_checked"):
-                self.state, metrics, nonfinite = self.sharded.run_chunk_checked(self.state, count)
-            else:
-                (self.state, metrics), nonfinite = self.sharded.run_chunk(self.state, count), None
-            metrics = jax.tree.map(lambda m, n=count: to_host(m)[:n], metrics)  # waits
-            self.compiled_seconds += time.perf_counter() - t0
-            self.compiled_updates += count
-            self.update, self.chunk = first + count, None
+        busy_until = self._t_start  # when the device finished the previous chunk (as seen here)
+        chunk = self._dispatch(self.state, start) if start < self.num_updates else None
+        while chunk is not None:
+            if self._may_pipeline(chunk):
+                self.in_flight = self._dispatch(chunk.state, chunk.first + chunk.count)
+            self.chunk = (chunk.first, chunk.count, max(chunk.t_dispatch, busy_until))
+            metrics = jax.tree.map(lambda m, n=chunk.count: to_host(m)[:n], chunk.metrics)
+            now = time.perf_counter()  # waits above: the chunk is done
+            self.compiled_seconds += now - self.chunk[2]
+            self.compiled_updates += chunk.count
+            busy_until, self.chunk = now, None
+            self.state, self.update = chunk.state, chunk.first + chunk.count
             info = ChunkInfo(
-                self, first, self.update, metrics, self._rows(metrics, first),
-                at_end=self.update >= self.num_updates,
+                self, chunk.first, self.update, metrics, self._rows(metrics, chunk.first),
+                at_end=self.update >= self.num_updates or self.stop_reason is not None,
+                stop_reason=self.stop_reason,
             )  # fmt: skip
-            if nonfinite is not None:
-                info.checked = (self.state, to_host(nonfinite))
+            if chunk.nonfinite is not None:
+                info.checked = (self.state, to_host(chunk.nonfinite))
+            if self.in_flight is not None:
+                self.pipelined_chunks += 1
+                info.pipelined_state = self.state
             self._run_hooks(info)
+            chunk, self.in_flight = self.in_flight, None
+            if self._rewound or self._replaced:
+                chunk = None  # in flight from a state that is no longer the run's: dropped
+            if chunk is None and self.update < self.num_updates and self.stop_reason is None:
+                chunk = self._dispatch(self.state, self.update)
         self._t_end = time.perf_counter()
         return self.state
 
+    def _dispatch(self, state, first: int) -> _Chunk:
+        """Start the chunk of updates ``first+1 ..`` (asynchronously: returns futures)."""
+        count = min(self.sharded.chunk_size, self.num_updates - first)
+        t0 = time.perf_counter()
+        if hasattr(self.sharded, "run_chunk_checked"):
+            state, metrics, nonfinite = self.sharded.run_chunk_checked(state, count)
+        else:
+            (state, metrics), nonfinite = self.sharded.run_chunk(state, count), None
+        return _Chunk(first, count, t0, state, metrics, nonfinite)
+
+    def _may_pipeline(self, chunk: _Chunk) -> bool:
+        """Whether the chunk after ``chunk`` may start before ``chunk``'s hooks: there is one,
+        no stop is pending and no hook that reads the state fires at ``chunk``'s boundary."""
+        end = chunk.first + chunk.count
+        if not self.pipeline or end >= self.num_updates or self.stop_reason is not None:
+            return False
+        return not any(h.reads_state and h.fires(chunk.first, end) for h in self.hooks)
+
     def _run_hooks(self, info: ChunkInfo) -> None:
-        self._rewound = False
+        self._rewound = self._replaced = False
         fired = set()
         for index, hook in enumerate(list(self.hooks)):
-            if self.stop_reason is not None:  # requested by an earlier hook: this is the end
+            if self.stop_reason is not None and self.in_flight is None:  # this is the end
                 info.at_end, info.stop_reason = True, self.stop_reason
             if hook.fires(info.first_update, info.update) or (hook.at_end and info.at_end):
                 fired.add(index)
                 hook.fn(info)
                 if self._rewound:
                     return
-        if self.stop_reason is not None:  # the end came early: at_end hooks not yet run
+        if self.stop_reason is not None and self.in_flight is None:  # the end came early
             info.at_end, info.stop_reason = True, self.stop_reason
             for index, hook in enumerate(list(self.hooks)):
                 if hook.at_end and index not in fired:
@@ -241,6 +300,18 @@ class Loop:
                 row["episode_return_per_seed"] = np.asarray(metrics["episode_return"][i])
             rows.append(row)
         return rows
+
+
+@dataclasses.dataclass
+class _Chunk:
+    """A dispatched chunk: updates ``first+1 .. first+count``; its outputs are futures."""
+
+    first: int
+    count: int
+    t_dispatch: float
+    state: Any
+    metrics: Any
+    nonfinite: Any
 
 
 def to_host(x) -> np.ndarray:

@@ -147,7 +147,7 @@ def sweep(
         )
 
     loop = Loop(sharded, num_updates, per_update)
-    loop.add_hook(collect)
+    loop.add_hook(collect, reads_state=False)
     loop.run(initial)
     metrics = jax.tree.map(lambda *m: np.concatenate(m), *chunks)  # [updates, S]
     returns = np.asarray(metrics["episode_return"]).reshape(num_updates, len(settings), len(seeds))

@@ -296,8 +296,8 @@ class Session:
             "versions": package_versions(),
         }
 
-    def save(self, state, updates_done: int) -> None:
-        self.ckpt.save(updates_done, state, self.metadata(updates_done))
+    def save(self, state, updates_done: int, known_finite: bool = False) -> None:
+        self.ckpt.save(updates_done, state, self.metadata(updates_done), known_finite=known_finite)
         self.last_saved = updates_done
 
     def restore_latest(self):
@@ -406,21 +406,22 @@ def _train(s: Session, user_hooks, console: Console, t_begin: float) -> TrainRes
     loop = Loop(s.sharded, cfg.num_updates, cfg.env_steps_per_update, clock_origin=t_begin)
     guard = builtin.NonFiniteGuard(s)
     signals = builtin.StopSignals()
-    loop.add_hook(guard)
-    loop.add_hook(signals)
+    metrics_only = {"reads_state": False}  # the next chunk may run while they do
+    loop.add_hook(guard, **metrics_only)  # reads the chunk's own NaN/inf counts
+    loop.add_hook(signals, **metrics_only)
     if run.logging.measure_comm:
         comm = communication(s.algo, s.layout)
         s.log.write_extra("communication", comm)
         say("communication per optimizer step per device (bytes): " + describe(comm))
-        loop.add_hook(builtin.comm_bytes(comm))
+        loop.add_hook(builtin.comm_bytes(comm), **metrics_only)
     if s.evaluation is not None:  # also at the end: the last row is evaluated
         loop.add_hook(builtin.evaluate(s.evaluation), every=run.evaluation.eval_every, at_end=True)
-    loop.add_hook(builtin.log_metrics(s.log))
-    loop.add_hook(builtin.poll_checkpoints(s.ckpt))
+    loop.add_hook(builtin.log_metrics(s.log), **metrics_only)
+    loop.add_hook(builtin.poll_checkpoints(s.ckpt), **metrics_only)
     every = run.checkpointing.checkpoint_every
     loop.add_hook(builtin.SaveCheckpoint(s), every=every, at_end=True)
     progress = Progress(console, loop)  # after the save: its steps/s includes that host work
-    loop.add_hook(progress)
+    loop.add_hook(progress, **metrics_only)
     for hook in user_hooks:
         loop.add_hook(hook)
 

@@ -158,3 +158,100 @@ def test_a_stop_makes_later_at_end_hooks_run_in_the_same_pass():
     loop.add_hook(lambda info: calls.append(("log", info.update, info.at_end)))
     assert loop.run(0) == 4
     assert calls[-2:] == [("eval", 4, True), ("log", 4, True)]  # evaluated before it is logged
+
+
+# -- pipelining: the next chunk is dispatched before hooks that do not read the state -----------
+class Donated:
+    """A state the next chunk consumes (like a donated jax array): reading it afterwards fails."""
+
+    def __init__(self, value):
+        self.value, self.consumed = value, False
+
+    def read(self):
+        assert not self.consumed, "read a state the next chunk consumed"
+        return self.value
+
+
+class CheckedRun(CountingRun):
+    """``run_chunk_checked`` (NaN/inf counts, as ShardedRun) on ``Donated`` states; ``events``:
+    ``("dispatch", first_update)`` in the order the loop dispatched the chunks."""
+
+    def __init__(self, chunk_size: int, events: list):
+        super().__init__(chunk_size)
+        self.events = events
+
+    def run_chunk_checked(self, state, count):
+        value = state.read()
+        state.consumed = True
+        self.events.append(("dispatch", value))
+        new, metrics = self.run_chunk(value, count)
+        return Donated(new), metrics, np.zeros(1, np.int32)
+
+
+def test_the_next_chunk_runs_during_hooks_that_do_not_read_the_state():
+    events = []
+    loop = Loop(CheckedRun(chunk_size=2, events=events), num_updates=8)
+    loop.add_hook(lambda info: events.append(("log", info.update)), reads_state=False)
+    loop.add_hook(lambda info: events.append(("save", info.update, info.state.read())), every=4)
+    assert loop.run(Donated(0)).read() == 8
+    assert events == [
+        ("dispatch", 0), ("dispatch", 2), ("log", 2),  # pipelined: no state hook at 2
+        ("log", 4), ("save", 4, 4), ("dispatch", 4),  # the save reads update 4: waits for it
+        ("dispatch", 6), ("log", 6),
+        ("log", 8), ("save", 8, 8),  # the end: nothing left to dispatch
+    ]  # fmt: skip
+    assert loop.pipelined_chunks == 2
+    assert [r["update"] for r in loop.rows] == list(range(1, 9))
+
+
+def test_pipelining_can_be_turned_off_and_needs_the_chunks_own_nonfinite_counts():
+    events = []
+    loop = Loop(CheckedRun(chunk_size=2, events=events), num_updates=4, pipeline=False)
+    loop.add_hook(lambda info: events.append(("log", info.update)), reads_state=False)
+    loop.run(Donated(0))
+    assert events == [("dispatch", 0), ("log", 2), ("dispatch", 2), ("log", 4)]
+    plain = Loop(CountingRun(chunk_size=2), num_updates=4)  # no counts: the guard reads state
+    assert not plain.pipeline
+
+
+def test_a_hook_that_declares_no_state_reads_but_reads_it_gets_one_clear_error():
+    loop = Loop(CheckedRun(chunk_size=2, events=[]), num_updates=4)
+    loop.add_hook(lambda info: info.state, reads_state=False)
+    with pytest.raises(RuntimeError, match="reads_state=False and the next chunk already"):
+        loop.run(Donated(0))
+
+
+def test_a_stop_during_a_pipelined_boundary_ends_after_the_chunk_in_flight():
+    events = []
+    loop = Loop(CheckedRun(chunk_size=2, events=events), num_updates=20)
+    loop.add_hook(lambda info: info.update == 4 and info.loop.request_stop("SIGTERM"),
+                  reads_state=False)  # fmt: skip
+    save = lambda info: events.append(("save", info.update, info.state.read(), info.stop_reason))  # noqa: E731
+    loop.add_hook(save, every=10, at_end=True)
+    assert loop.run(Donated(0)).read() == 6
+    assert events[-3:] == [("dispatch", 2), ("dispatch", 4), ("save", 6, 6, "SIGTERM")]
+    assert [r["update"] for r in loop.rows] == list(range(1, 7))
+
+
+def test_rewind_or_replace_during_a_pipelined_boundary_drops_the_chunk_in_flight():
+    events = []
+    loop = Loop(CheckedRun(chunk_size=2, events=events), num_updates=8)
+    done = []
+
+    def rollback_once(info):
+        if info.update == 6 and not done:
+            done.append(6)
+            info.loop.rewind(2, Donated(2))  # the state at update 2, e.g. from a checkpoint
+
+    loop.add_hook(rollback_once, reads_state=False)
+    loop.add_hook(lambda info: events.append(("log", info.update)), reads_state=False)
+    assert loop.run(Donated(0)).read() == 8
+    dispatched = [first for name, first, *_ in events if name == "dispatch"]
+    assert dispatched == [0, 2, 4, 6, 2, 4, 6]  # the chunk from 6 in flight was dropped
+    assert [u for name, u in events if name == "log"] == [2, 4, 4, 6, 8]
+    assert [r["update"] for r in loop.rows] == list(range(1, 9))
+
+    loop = Loop(CheckedRun(chunk_size=2, events=[]), num_updates=4)
+    loop.add_hook(lambda info: info.update == 2 and info.loop.replace_state(Donated(100)),
+                  reads_state=False)  # fmt: skip
+    assert loop.run(Donated(0)).read() == 102  # 0 -> 2 (replaced by 100) -> 102
