@@ -450,7 +450,8 @@ def curve_study_markdown(report: dict) -> str:
     if ev:
         lines += [
             f"- **greedy eval return** (the headline): the greedy policy (PPO: argmax of the "
-            f"logits; DQN: argmax Q, no exploration) after the last update, {ev['episodes']} fresh "
+            "logits, or the Gaussian's mean clipped to the bounds; DQN: argmax Q, no "
+            f"exploration) after the last update, {ev['episodes']} fresh "
             f"episodes per seed, each to its end; mean and 95 % CI over all "
             f"{row['num_seeds']} seeds x {ev['episodes']} episodes (this treats a seed's "
             "episodes as independent samples, so it understates seed-to-seed variation: the "
@@ -641,6 +642,21 @@ def summarise_curves(report: dict) -> None:
             s["eval_return_str"] = ci_str(seed_mean[i], seed_half[i], low, high)
 
 
+def before_first_episode(returns, episodes):
+    """``returns``/``episodes``: ``[U, S]``. Until a seed's first episode ends the return metric
+    reads 0, which is not a return (Pendulum's are all negative: 0 would 'reach' any threshold);
+    those updates take the first finished episodes' return. A no-op when episodes end in the
+    first update (CartPole)."""
+    import numpy as np
+
+    returns = np.array(returns, np.float64)
+    for i in range(returns.shape[1]):
+        finished = np.flatnonzero(np.asarray(episodes)[:, i] > 0)
+        if len(finished) and finished[0] > 0:
+            returns[: finished[0], i] = returns[finished[0], i]
+    return returns
+
+
 def curve_study_main(
     *,
     name: str,
@@ -679,6 +695,7 @@ def curve_study_main(
     result = train_seeds(config, args.seeds, args.chunk, eval_episodes=args.eval_episodes)
     wall_s = time.perf_counter() - t_start
     returns = result["metrics"]["episode_return"].astype(np.float64)  # [U, S]
+    returns = before_first_episode(returns, result["metrics"]["episodes"])
     per_update = config.env_steps_per_update
     env_steps = config.num_updates * per_update
     per_seed = [

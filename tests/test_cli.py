@@ -243,3 +243,15 @@ def test_dry_run_plans_instead_of_training(no_training, monkeypatch, capsys, tmp
     assert len(seen) == 1 and no_training == [] and list(tmp_path.iterdir()) == []
     assert main(["sweep", "ppo", "--lr", "1e-4,3e-4", "--dry-run"]) == 2
     assert "rljax sweep has no --dry-run" in one_error_line(capsys)
+
+
+def test_train_ppo_on_a_continuous_env_and_dqn_refusing_it(tmp_path, capsys):
+    common = ["--num-envs", "4", "--runs-dir", str(tmp_path), "--quiet"]
+    assert main(["train", "dqn", "--env", "Pendulum-v1", *common, "--run-name", "dqn"]) == 2
+    err = one_error_line(capsys)
+    assert "dqn supports discrete action spaces only" in err and "ppo" in err
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+    ppo = ["--num-steps", "16", "--total-timesteps", str(4 * 16 * 2), "--run-name", "pendulum"]
+    assert main(["train", "ppo", "--env", "Pendulum-v1", *common, *ppo]) == 0
+    rows = read_metrics(tmp_path / "pendulum" / "metrics.jsonl")
+    assert [r["update"] for r in rows] == [1, 2] and rows[-1]["env_steps"] == 2 * 64

@@ -4,7 +4,12 @@ study without greedy evaluation says so. Pure numpy on made-up curves; nothing i
 
 import numpy as np
 
-from experiments.bench_harness import ci_str, curve_study_markdown, summarise_curves
+from experiments.bench_harness import (
+    before_first_episode,
+    ci_str,
+    curve_study_markdown,
+    summarise_curves,
+)
 
 
 def report_of(returns, threshold=475.0, return_range=(0.0, 500.0), eval_returns=None):
@@ -106,3 +111,15 @@ def test_large_networks_table_and_budget_come_from_the_saved_settings(tmp_path):
     assert "| cnn | CNN 3x3x16 (SAME) + 2x64 heads | 1,000 | 65,536 | 2.0 [0.9, 3.1] |" in text
     assert json.loads(stem.with_suffix(".json").read_text())["recommended_timesteps"] == 1_700_000
     assert stem.with_suffix(".png").stat().st_size > 0
+
+
+def test_updates_before_the_first_episode_are_not_a_return_of_zero():
+    # Pendulum: returns are negative; the metric reads 0 until a seed's first episode ends.
+    returns = np.array([[0.0, 0.0], [0.0, -1200.0], [-1100.0, -900.0], [-200.0, -200.0]])
+    episodes = np.array([[0, 0], [0, 16], [16, 32], [32, 48]])
+    filled = before_first_episode(returns, episodes)
+    np.testing.assert_array_equal(filled[:, 0], [-1100.0, -1100.0, -1100.0, -200.0])
+    np.testing.assert_array_equal(filled[:, 1], [-1200.0, -1200.0, -900.0, -200.0])
+    report = report_of(filled, threshold=-250.0, return_range=(-3300.0, 0.0))
+    summarise_curves(report)
+    assert report["threshold_steps"]["reach"] == [4000.0, 4000.0]  # not 1000: zero is no return

@@ -29,7 +29,7 @@ from rljax.algos.actor_critic import (
 from rljax.algos.base import adam, check_divisible, episode_metrics, resumable, sweepable
 from rljax.envs import check_env_name
 from rljax.errors import ConfigError
-from rljax.networks import check_tensor_parallel, distributions
+from rljax.networks import check_tensor_parallel
 from rljax.networks.zoo import NetworkSettings, check_network
 from rljax.parallel.sync import SyncConfig, validate_sync
 
@@ -39,7 +39,8 @@ class A2CConfig(NetworkSettings):
     """A2C hyperparameters (defaults: tuned to solve CartPole-v1 in ~250k steps)."""
 
     env: str = "CartPole-v1"
-    """gymnax environment with discrete actions."""
+    """gymnax environment; discrete actions get a categorical policy, continuous (Box) ones a
+    diagonal Gaussian."""
     num_envs: int = 32
     """parallel environments (the batch, split over data-parallel replicas)."""
     num_steps: int = 8
@@ -66,6 +67,9 @@ class A2CConfig(NetworkSettings):
     """critic hidden widths."""
     activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
     """hidden-layer nonlinearity."""
+    squash: Literal["none", "tanh"] = "none"
+    """continuous actions: none (the Gaussian sample, clipped to the bounds at the environment)
+    or tanh (squashed and rescaled to the bounds; log-prob with the log-det correction)."""
     sync: SyncConfig = SyncConfig()
     """gradient synchronisation across data-parallel replicas (rljax.parallel.sync)."""
 
@@ -85,7 +89,7 @@ class A2CBatch(NamedTuple):
     """Samples for the loss, leaves ``[n, ...]`` (one replica's share of the rollout)."""
 
     obs: jax.Array  # [n, D]
-    action: jax.Array  # [n] int32
+    action: jax.Array  # [n] int32, or [n, A] float32 raw samples (continuous)
     advantage: jax.Array  # [n] GAE advantage (not normalised)
     returns: jax.Array  # [n] value targets
 
@@ -104,6 +108,7 @@ class A2C(ActorCriticAlgorithm):
     def validate(cls, config: A2CConfig, batch_shards: int = 1, mlp_shards: int = 1) -> None:
         super().validate(config, batch_shards, mlp_shards)
         check_env_name(config.env)
+        cls.check_policy(config)
         for name in ("num_envs", "num_steps", "total_timesteps"):
             if getattr(config, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(config, name)}")
@@ -162,11 +167,11 @@ class A2C(ActorCriticAlgorithm):
     def loss(self, params, batch: A2CBatch, hparams: dict[str, jax.Array]):
         """Policy gradient + value regression - entropy bonus of one replica's samples."""
         c = self.resolve(hparams)
-        logits, value = self.network.apply(params, batch.obs)
-        log_prob = distributions.log_prob(logits, batch.action)
+        out, value = self.network.apply(params, batch.obs)
+        log_prob = self.dist.log_prob(out, batch.action)
         policy_loss = -(log_prob * batch.advantage).mean()
         value_loss = 0.5 * jnp.square(value - batch.returns).mean()
-        entropy = distributions.entropy(logits).mean()
+        entropy = self.dist.entropy(out).mean()
         loss = policy_loss + c.vf_coef * value_loss - c.ent_coef * entropy
         return loss, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
 
@@ -210,9 +215,9 @@ class A2C(ActorCriticAlgorithm):
         def zeros(*shape, dtype=jnp.float32):
             return jnp.zeros((self.config.env_steps_per_update, *shape), dtype)
 
-        obs_dim = self.env.spec.obs_dim
+        obs_dim, n = self.env.spec.obs_dim, self.config.env_steps_per_update
         batch = self.learner.split(
-            A2CBatch(zeros(obs_dim), zeros(dtype=jnp.int32), zeros(), zeros())
+            A2CBatch(zeros(obs_dim), self.placeholder_actions(n), zeros(), zeros())
         )
         params, opt_state, sync, _ = self.sgd_step(
             state.params, state.opt_state, state.sync, batch, state.hparams

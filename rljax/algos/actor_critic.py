@@ -1,9 +1,10 @@
 """What actor-critic algorithms (PPO, A2C) share: the network from the config, acting through
 the learner, the rollout, and GAE. Shapes: ``T = num_steps``, ``B = num_envs``, ``D`` the
-flattened observation, ``A`` the number of actions."""
+flattened observation, ``A`` the number of actions (or action dimensions, continuous)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -12,7 +13,8 @@ from flax import struct
 
 from rljax.algos.base import Algorithm
 from rljax.algos.normalize import RunningStats
-from rljax.envs import EnvBatch, Transition
+from rljax.envs import EnvBatch, Transition, is_continuous
+from rljax.errors import ConfigError
 from rljax.networks import distributions, zoo
 
 
@@ -35,8 +37,8 @@ class Rollout(struct.PyTreeNode):
     """A rollout, every leaf ``[T, B@batch, ...]``."""
 
     transition: Transition
-    action: jax.Array
-    log_prob: jax.Array
+    action: jax.Array  # [T, B] int32, or [T, B, A] the raw (unclipped, unsquashed) sample
+    log_prob: jax.Array  # [T, B] of ``action``
     value: jax.Array
 
 
@@ -79,14 +81,36 @@ class ActorCriticAlgorithm(Algorithm):
     """An ``Algorithm`` acting with ``ActorCritic`` (config fields ``actor_widths``,
     ``critic_widths``, ``activation``, optionally ``torso_widths``) or, with
     ``network="residual"``, ``ResidualActorCritic`` (``residual_width/depth/expansion``), and a
-    categorical policy. Both have ``__call__`` and ``value`` and take ``compute_dtype``."""
+    policy distribution chosen from the environment's action space (``dist``): categorical, or a
+    diagonal Gaussian (``config.squash``). Both have ``__call__`` and ``value`` and take
+    ``compute_dtype``."""
+
+    @staticmethod
+    def check_policy(config) -> None:
+        """``squash`` is known, and ``tanh`` only for a continuous environment."""
+        squash = getattr(config, "squash", "none")
+        if squash not in distributions.SQUASHES:
+            raise ConfigError(
+                f"squash must be one of {list(distributions.SQUASHES)}, got {squash!r}"
+            )
+        if squash != "none" and not is_continuous(config.env):
+            raise ConfigError(
+                f"squash={squash!r} applies to continuous action spaces, and {config.env} has a "
+                "discrete one; use squash='none'"
+            )
 
     def build_network(self):
         return zoo.actor_critic(self.config, self.env.spec)
 
+    @functools.cached_property
+    def dist(self) -> distributions.Categorical | distributions.DiagGaussian:
+        """The policy distribution of the environment's action space."""
+        return distributions.for_spec(self.env.spec, getattr(self.config, "squash", "none"))
+
     # -- acting -----------------------------------------------------------------------------------
     def policy(self, params, obs: jax.Array):
-        """``obs: [B@batch, D]`` -> ``(logits [B@batch, A], value [B@batch])``."""
+        """``obs: [B@batch, D]`` -> ``(policy output, value [B@batch])``: ``logits [B@batch, A]``
+        or, continuous, ``(mean, log_std) [B@batch, A]``."""
         return self.learner.apply(self.network.apply, params, obs)
 
     def value(self, params, obs: jax.Array) -> jax.Array:
@@ -94,11 +118,11 @@ class ActorCriticAlgorithm(Algorithm):
         return self.learner.apply(apply, params, obs)
 
     def eval_action(self, params, obs, key, greedy: bool = True, obs_stats=None) -> jax.Array:
-        """One replica's parameters: argmax of the logits, or a sample."""
-        logits, _ = self.network.apply(params, self.observe(obs_stats, obs))
-        if greedy:
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        return distributions.sample(key, logits)
+        """One replica's parameters: the mode (argmax of the logits; the Gaussian's mean), or a
+        sample, as the environment receives it (continuous: clipped or squashed to the bounds)."""
+        out, _ = self.network.apply(params, self.observe(obs_stats, obs))
+        action = self.dist.mode(out) if greedy else self.dist.sample(key, out)
+        return self.dist.env_action(action)
 
     def rollout(
         self, params, env: EnvBatch, key: jax.Array, obs_stats=None
@@ -109,13 +133,17 @@ class ActorCriticAlgorithm(Algorithm):
 
         def step(env, step_key):
             act_key, env_key = jax.random.split(step_key)
-            logits, value = self.policy(params, self.observe(obs_stats, env.obs))
-            action = distributions.sample(act_key, logits)
-            log_prob = distributions.log_prob(logits, action)
-            env, transition = self.env.step(env_key, env, action)
+            out, value = self.policy(params, self.observe(obs_stats, env.obs))
+            action = self.dist.sample(act_key, out)
+            log_prob = self.dist.log_prob(out, action)  # the raw sample's, never the clipped one
+            env, transition = self.env.step(env_key, env, self.dist.env_action(action))
             return env, Rollout(transition, action, log_prob, value)
 
         return jax.lax.scan(step, env, jax.random.split(key, self.config.num_steps))
+
+    def placeholder_actions(self, *lead: int) -> jax.Array:
+        """Zero actions ``[*lead]`` int32 or ``[*lead, A]`` float32 (for ``optimizer_step``)."""
+        return jnp.zeros((*lead, *self.dist.action_shape), self.dist.action_dtype)
 
     def observed_rollout(
         self, obs_stats, env: EnvBatch, rollout: Rollout

@@ -40,7 +40,7 @@ from rljax.algos.normalize import RunningStats
 from rljax.algos.td import bootstrap_value, nstep_return, td_loss
 from rljax.buffers import ReplayBuffer, add, init_buffer, sample, update_priorities
 from rljax.buffers.replay import buffer_logical_specs
-from rljax.envs import EnvBatch, check_env_name
+from rljax.envs import EnvBatch, check_discrete, check_env_name
 from rljax.errors import ConfigError
 from rljax.networks import zoo
 from rljax.networks.mlp import check_tensor_parallel
@@ -176,6 +176,7 @@ class DQN(Algorithm):
         super().validate(config, batch_shards, mlp_shards)
         c = config
         check_env_name(c.env)
+        check_discrete(c.env, "dqn")
         for name in (
             "num_envs",
             "total_timesteps",

@@ -38,7 +38,6 @@ from rljax.algos.base import (
 )
 from rljax.envs import check_env_name
 from rljax.errors import ConfigError
-from rljax.networks import distributions
 from rljax.networks.mlp import check_tensor_parallel, check_torso
 from rljax.networks.zoo import NetworkSettings, check_network
 from rljax.parallel.rules import constrain
@@ -50,7 +49,8 @@ class PPOConfig(NetworkSettings):
     """PPO hyperparameters (defaults: PureJaxRL's CartPole settings)."""
 
     env: str = "CartPole-v1"
-    """gymnax environment with discrete actions."""
+    """gymnax environment; discrete actions get a categorical policy, continuous (Box) ones a
+    diagonal Gaussian."""
     num_envs: int = 4
     """parallel environments (the batch, split over data-parallel replicas)."""
     num_steps: int = 128
@@ -87,6 +87,9 @@ class PPOConfig(NetworkSettings):
     """shared layers before both towers (an even number of layers)."""
     activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
     """hidden-layer nonlinearity."""
+    squash: Literal["none", "tanh"] = "none"
+    """continuous actions: none (the Gaussian sample, clipped to the bounds at the environment)
+    or tanh (squashed and rescaled to the bounds; log-prob with the log-det correction)."""
     sync: SyncConfig = SyncConfig()
     """gradient synchronisation across data-parallel replicas (rljax.parallel.sync)."""
 
@@ -114,7 +117,7 @@ class PPOBatch(NamedTuple):
     """Samples for the loss, leaves ``[n, ...]`` (one replica's minibatch)."""
 
     obs: jax.Array  # [n, D]
-    action: jax.Array  # [n] int32
+    action: jax.Array  # [n] int32, or [n, A] float32 raw samples (continuous)
     log_prob: jax.Array  # [n] behaviour log-probability
     value: jax.Array  # [n] behaviour value
     advantage: jax.Array  # [n], normalised over the whole minibatch
@@ -135,6 +138,7 @@ class PPO(ActorCriticAlgorithm):
     def validate(cls, config: PPOConfig, batch_shards: int = 1, mlp_shards: int = 1) -> None:
         super().validate(config, batch_shards, mlp_shards)
         check_env_name(config.env)
+        cls.check_policy(config)
         positive = ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches")
         for name in positive:
             if getattr(config, name) < 1:
@@ -230,8 +234,8 @@ class PPO(ActorCriticAlgorithm):
     def loss(self, params, batch: PPOBatch, hparams: dict[str, jax.Array]):
         """Clipped PPO loss of one replica's minibatch -> ``(loss, aux metrics)``."""
         c = self.resolve(hparams)
-        logits, value = self.network.apply(params, batch.obs)
-        log_prob = distributions.log_prob(logits, batch.action)
+        out, value = self.network.apply(params, batch.obs)
+        log_prob = self.dist.log_prob(out, batch.action)
         log_ratio = log_prob - batch.log_prob
         ratio = jnp.exp(log_ratio)
         adv = batch.advantage
@@ -243,7 +247,7 @@ class PPO(ActorCriticAlgorithm):
             clipped = batch.value + jnp.clip(value - batch.value, -c.clip_eps, c.clip_eps)
             value_error = jnp.maximum(value_error, jnp.square(clipped - batch.returns))
         value_loss = 0.5 * value_error.mean()
-        entropy = distributions.entropy(logits).mean()
+        entropy = self.dist.entropy(out).mean()
         loss = policy_loss + c.vf_coef * value_loss - c.ent_coef * entropy
         aux = {
             "policy_loss": policy_loss,
@@ -292,7 +296,12 @@ class PPO(ActorCriticAlgorithm):
         tr = rollout.transition
         next_values = self.next_values(state.params, rollout, last_obs)
         advantages, returns = gae(
-            tr.reward, rollout.value, next_values, tr.terminated, tr.truncated, hp.gamma,
+            tr.reward,
+            rollout.value,
+            next_values,
+            tr.terminated,
+            tr.truncated,
+            hp.gamma,
             hp.gae_lambda,
         )
         samples = PPOBatch(
@@ -325,9 +334,8 @@ class PPO(ActorCriticAlgorithm):
         def zeros(*shape, dtype=jnp.float32):
             return constrain(jnp.zeros((self.replicas, n, *shape), dtype), "replica")
 
-        minibatch = PPOBatch(
-            zeros(obs_dim), zeros(dtype=jnp.int32), zeros(), zeros(), zeros(), zeros()
-        )
+        action = constrain(self.placeholder_actions(self.replicas, n), "replica")
+        minibatch = PPOBatch(zeros(obs_dim), action, zeros(), zeros(), zeros(), zeros())
         (params, opt_state, sync), _ = self.sgd_step(
             (state.params, state.opt_state, state.sync), minibatch, state.hparams
         )

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from rljax.errors import ConfigError
@@ -43,6 +44,16 @@ DISCRETE_ENVS = (
 )
 
 
+# Continuous-action gymnax environments (Box action spaces; the policy is a diagonal Gaussian).
+CONTINUOUS_ENVS = (
+    "Pendulum-v1",
+    "MountainCarContinuous-v0",
+    "Reacher-misc",
+    "Swimmer-misc",
+)
+ENVS = DISCRETE_ENVS + CONTINUOUS_ENVS
+
+
 # The environments whose observations are images, ``[H, W, C]`` (what ``network="cnn"`` needs):
 # known before any environment is built, so configs are checked before JAX starts.
 IMAGE_OBS_SHAPES = {
@@ -56,18 +67,41 @@ IMAGE_OBS_SHAPES = {
 
 
 def check_env_name(name: str) -> None:
-    if name not in DISCRETE_ENVS:
+    if name not in ENVS:
         raise ConfigError(
-            f"unknown environment {name!r}; known discrete-action gymnax environments: "
+            f"unknown environment {name!r}; known gymnax environments: discrete actions: "
             + ", ".join(DISCRETE_ENVS)
+            + "; continuous actions: "
+            + ", ".join(CONTINUOUS_ENVS)
+        )
+
+
+def is_continuous(name: str) -> bool:
+    """Whether environment ``name`` has a continuous (Box) action space; known before any
+    environment is built, so configs are checked before JAX starts."""
+    return name in CONTINUOUS_ENVS
+
+
+def check_discrete(name: str, algorithm: str) -> None:
+    """A ``ConfigError`` when ``algorithm`` (discrete actions only) is given a continuous
+    environment."""
+    if is_continuous(name):
+        raise ConfigError(
+            f"{algorithm} supports discrete action spaces only, and {name} has a continuous (Box) "
+            f"action space; the continuous environments ({', '.join(CONTINUOUS_ENVS)}) train "
+            "with ppo or a2c (a Gaussian policy)"
         )
 
 
 class EnvSpec(NamedTuple):
     name: str
     obs_dim: int  # flattened: observations are [B, obs_dim]
-    num_actions: int
+    num_actions: int  # discrete: the number of actions; continuous: 0
     obs_shape: tuple[int, ...] | None = None  # one observation before flattening (None: unknown)
+    continuous: bool = False  # a Box action space: actions are float vectors [A]
+    action_dim: int = 0  # continuous: A, the size of an action vector
+    action_low: tuple[float, ...] = ()  # continuous: the Box's lower bounds, [A]
+    action_high: tuple[float, ...] = ()  # continuous: the Box's upper bounds, [A]
 
 
 def image_obs_shape(name: str, need: str = "network=cnn") -> tuple[int, int, int]:
@@ -120,14 +154,27 @@ class BatchedEnv:
         from gymnax.environments import spaces
 
         self.env, self.params = gymnax.make(name)
-        action_space = self.env.action_space(self.params)
-        if not isinstance(action_space, spaces.Discrete):
-            raise ConfigError(
-                f"{name} has a {type(action_space).__name__} action space; need Discrete"
-            )
         obs_shape = self.env.observation_space(self.params).shape
         obs_shape = tuple(int(n) for n in obs_shape)
-        self.spec = EnvSpec(name, int(math.prod(obs_shape)), int(action_space.n), obs_shape)
+        obs_dim = int(math.prod(obs_shape))
+        space = self.env.action_space(self.params)
+        if isinstance(space, spaces.Discrete):
+            self.spec = EnvSpec(name, obs_dim, int(space.n), obs_shape)
+        elif isinstance(space, spaces.Box):
+            # Bounds may be scalars (Pendulum) or arrays (Reacher): broadcast to the shape.
+            shape = tuple(int(n) for n in space.shape) or (1,)
+            low, high = (
+                np.broadcast_to(np.asarray(b, np.float32), shape).ravel()
+                for b in (space.low, space.high)
+            )
+            bounds = dict(action_low=tuple(map(float, low)), action_high=tuple(map(float, high)))
+            dim = int(math.prod(shape))
+            self.spec = EnvSpec(name, obs_dim, 0, obs_shape, True, dim, **bounds)
+            self._action_shape = tuple(int(n) for n in space.shape)
+        else:
+            raise ConfigError(
+                f"{name} has a {type(space).__name__} action space; need Discrete or Box"
+            )
         self.num_envs = num_envs
 
     @property
@@ -148,7 +195,10 @@ class BatchedEnv:
         return constrain_batch(EnvBatch(state, self._flat(obs), stats))
 
     def step(self, key: jax.Array, batch: EnvBatch, action: jax.Array):
-        """``action: [B@data]`` -> ``(EnvBatch, Transition)``."""
+        """``action``: ``[B@data]`` int (discrete) or ``[B@data, A]`` float within the bounds
+        (continuous) -> ``(EnvBatch, Transition)``."""
+        if self.spec.continuous:
+            action = action.reshape(self.num_envs, *self._action_shape)
         keys = jax.random.split(key, self.num_envs)
         obs, state, reward, terminated, truncated, info = jax.vmap(
             self.env.step, in_axes=(0, 0, 0, None)

@@ -189,13 +189,62 @@ def head(
     return dense(features, (in_axis, out_axis), (out_axis,), scale, name, init, dtype, pdtype)
 
 
+class GaussianHead(nn.Module):
+    """A diagonal Gaussian policy head: features ``[B@data, F]`` laid out on ``in_axis`` ->
+    ``(mean, log_std)``, both ``[B@data, A]`` float32.
+
+    ``mean`` is a Dense like the categorical head (kernel ``[in_axis, actions]``: row-split over
+    ``model`` when the features are). ``log_std`` is a state-independent ``[A]`` parameter
+    (initialised to 0), broadcast over the batch. Its logical axis ``actions`` is replicated: it
+    is ``A`` floats that every device needs whole for its rows' log-probabilities, so splitting
+    it would only add a gather."""
+
+    action_dim: int
+    in_axis: str
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        mean = head(
+            self.action_dim,
+            self.in_axis,
+            "actions",
+            0.01,
+            "mean",
+            dtype=self.dtype,
+            pdtype=self.param_dtype,
+        )(x)
+        mean = constrain(mean.astype(jnp.float32), "batch", "activation_actions")
+        init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("actions",))
+        log_std = self.param("log_std", init, (self.action_dim,), self.param_dtype)
+        return mean, jnp.broadcast_to(log_std.astype(jnp.float32), mean.shape)
+
+
+def policy_head(num_actions: int, continuous: bool, in_axis: str, dtype, pdtype):
+    """The categorical logits head (``num_actions`` outputs) or, ``continuous``, a
+    ``GaussianHead`` over ``num_actions`` action dimensions."""
+    if continuous:
+        return GaussianHead(num_actions, in_axis, dtype, pdtype, name="policy_head")
+    return head(num_actions, in_axis, "actions", 0.01, "policy_head", dtype=dtype, pdtype=pdtype)
+
+
+def policy_output(out):
+    """A policy head's output as float32 with its activation layout (the Gaussian's already
+    is)."""
+    if isinstance(out, tuple):
+        return out
+    return constrain(out.astype(jnp.float32), "batch", "activation_actions")
+
+
 class ActorCritic(nn.Module):
     """Separate actor and critic towers over an optional shared torso.
 
-    ``obs: [B@data, D]`` -> ``(logits: [B@data, A], value: [B@data])``, both float32.
+    ``obs: [B@data, D]`` -> ``(logits: [B@data, A], value: [B@data])``, both float32; with
+    ``continuous``, ``(mean, log_std)`` (``GaussianHead``) in place of the logits.
     """
 
-    num_actions: int
+    num_actions: int  # continuous: the action dimensions
     actor_widths: Sequence[int] = (64, 64)
     critic_widths: Sequence[int] = (64, 64)
     torso_widths: Sequence[int] = ()
@@ -203,6 +252,7 @@ class ActorCritic(nn.Module):
     compute_dtype: str = "float32"  # of the matmuls; outputs stay float32
     param_dtype: str = "float32"  # of the stored parameters
     remat: str = "none"  # none | block (each layer) | full (each tower)
+    continuous: bool = False  # a Gaussian policy head instead of logits
 
     def setup(self):
         dtype, pdtype = compute_dtype_of(self.compute_dtype), param_dtype_of(self.param_dtype)
@@ -215,9 +265,7 @@ class ActorCritic(nn.Module):
         # The towers restart the column/row alternation, so the torso must end replicated.
         actor_out = output_axis(len(self.actor_widths))
         critic_out = output_axis(len(self.critic_widths))
-        self.policy_head = head(
-            self.num_actions, actor_out, "actions", 0.01, "policy_head", dtype=dtype, pdtype=pdtype
-        )
+        self.policy_head = policy_head(self.num_actions, self.continuous, actor_out, dtype, pdtype)
         self.value_head = head(
             1, critic_out, "value", 1.0, "value_head", dtype=dtype, pdtype=pdtype
         )
@@ -231,8 +279,7 @@ class ActorCritic(nn.Module):
         return self._logits(x), self._value(x)
 
     def _logits(self, x):
-        logits = self.policy_head(self.actor(x)).astype(jnp.float32)
-        return constrain(logits, "batch", "activation_actions")
+        return policy_output(self.policy_head(self.actor(x)))
 
     def _value(self, x):
         return constrain(self.value_head(self.critic(x))[:, 0].astype(jnp.float32), "batch")

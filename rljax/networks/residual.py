@@ -34,6 +34,8 @@ from rljax.networks.mlp import (
     dense,
     head,
     param_dtype_of,
+    policy_head,
+    policy_output,
     q_heads,
     remat_if,
 )
@@ -111,7 +113,8 @@ class ResidualTower(nn.Module):
 
 class ResidualActorCritic(nn.Module):
     """Residual actor and critic: ``obs: [B@data, D]`` -> ``(logits [B@data, A], value [B@data])``,
-    both float32.
+    both float32; with ``continuous``, ``(mean, log_std)`` (``GaussianHead``) in place of the
+    logits.
 
     Separate actor and critic towers, as SimBa: no shared torso whose features the policy and
     value losses pull in different directions.
@@ -125,6 +128,7 @@ class ResidualActorCritic(nn.Module):
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
     remat: str = "none"  # none | block | full
+    continuous: bool = False  # a Gaussian policy head instead of logits
 
     def setup(self):
         dtype, pdtype = compute_dtype_of(self.compute_dtype), param_dtype_of(self.param_dtype)
@@ -132,17 +136,14 @@ class ResidualActorCritic(nn.Module):
         tower = remat_if(ResidualTower, check_remat(self.remat) == "full")
         self.actor = tower(*shape, pdtype, self.remat == "block")
         self.critic = tower(*shape, pdtype, self.remat == "block")
-        self.policy_head = head(
-            self.num_actions, "embed", "actions", 0.01, "policy_head", dtype=dtype, pdtype=pdtype
-        )
+        self.policy_head = policy_head(self.num_actions, self.continuous, "embed", dtype, pdtype)
         self.value_head = head(1, "embed", "value", 1.0, "value_head", dtype=dtype, pdtype=pdtype)
 
     def __call__(self, obs):
         return self._logits(obs), self.value(obs)
 
     def _logits(self, obs):
-        logits = self.policy_head(self.actor(obs)).astype(jnp.float32)
-        return constrain(logits, "batch", "activation_actions")
+        return policy_output(self.policy_head(self.actor(obs)))
 
     def value(self, obs):
         """Critic only: ``obs: [B@data, D]`` -> ``[B@data]`` float32."""

@@ -137,11 +137,13 @@ def check_residual(config, mlp_shards: int) -> None:
 def actor_critic(config, spec: EnvSpec) -> nn.Module:
     """The actor-critic of a PPO/A2C config (fields ``actor_widths``, ``critic_widths``,
     ``activation``, optionally ``torso_widths``, and the ``NetworkSettings``): ``obs: [B@batch,
-    D]`` -> ``(logits [B@batch, A], value [B@batch])`` float32, and ``.value(obs)``."""
+    D]`` -> ``(logits [B@batch, A], value [B@batch])`` float32, and ``.value(obs)``; for a
+    continuous action space (``spec.continuous``) ``(mean, log_std) [B@batch, A]`` in place of
+    the logits (the image networks are discrete-only: the image environments are)."""
     c = config
     network = getattr(c, "network", "mlp")
     common = dict(
-        num_actions=spec.num_actions,
+        num_actions=spec.action_dim if spec.continuous else spec.num_actions,
         activation=c.activation,
         compute_dtype=getattr(c, "compute_dtype", "float32"),
     )
@@ -153,7 +155,9 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
             **cnn_fields(c, spec),
         )
     common.update(
-        param_dtype=getattr(c, "param_dtype", "float32"), remat=getattr(c, "remat", "none")
+        param_dtype=getattr(c, "param_dtype", "float32"),
+        remat=getattr(c, "remat", "none"),
+        continuous=spec.continuous,
     )
     if network == "residual":
         return ResidualActorCritic(**residual_fields(c), **common)
