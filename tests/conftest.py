@@ -1,10 +1,18 @@
 """Eight emulated CPU devices for every test; set before JAX is imported anywhere."""
 
+import getpass
 import os
+import tempfile
 
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 os.environ.setdefault("XLA_FLAGS", "")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as set_num_cpu_devices does
+# One persistent compilation cache for the suite, its xdist workers and the subprocesses it starts
+# (CLI, resume after SIGKILL, multi-process): many tests compile the same small programs.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), f"rljax-test-jax-cache-{getpass.getuser()}"),
+)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -251,6 +251,8 @@ class Loop:
         """Start the chunk of updates ``first+1 ..`` (asynchronously: returns futures)."""
         count = min(self.sharded.chunk_size, self.num_updates - first)
         t0 = time.perf_counter()
+        if self.chunk is None:  # the progress ticker sees it from here (a call may block)
+            self.chunk = (first, count, t0)
         if hasattr(self.sharded, "run_chunk_checked"):
             state, metrics, nonfinite = self.sharded.run_chunk_checked(state, count)
         else:
