@@ -17,7 +17,8 @@ one CPU device, ``S`` seeds vmapped as ``ShardedRun`` does. One update is cut in
 Columns: milliseconds per update (best of ``--repeats``, each the mean of ``--calls`` calls, the
 repeats of all phases alternating), the share of the sum of phases, model FLOPs per update (2 x
 inputs x outputs per dense layer per sample; backward = 2 x forward) and XLA's
-``cost_analysis()`` FLOPs of the compiled phase, and achieved GFLOP/s (model FLOPs / time). The
+``cost_analysis()`` FLOPs of the compiled phase (it counts a loop body once, not per iteration,
+so it undercounts the scans), and achieved GFLOP/s (model FLOPs / time). The
 matmul peak is float32 ``jnp.dot`` of n x n matrices, best of 10, in the same process. The host
 row comes from ``experiments/results/host_loop.json`` (``train()`` against the bare loop), when
 present. Writes experiments/results/profile_ppo.{md,json}.
@@ -67,10 +68,14 @@ def _seconds(fn) -> float:
 
 
 def dense_flops(params) -> int:
-    """Forward FLOPs per sample of every dense kernel ``[in, out]`` in ``params``: 2 in out."""
+    """Forward FLOPs per sample of every dense kernel ``[(S,) in, out]`` in ``params``: 2 in out
+    (summed over the seeds' copies ``S``)."""
+    import math
+
     import jax
 
-    return sum(2 * x.shape[0] * x.shape[1] for x in jax.tree.leaves(params) if x.ndim == 2)
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    return sum(2 * math.prod(x.shape) for path, x in leaves if "kernel" in jax.tree_util.keystr(path))
 
 
 def phases(algo):
