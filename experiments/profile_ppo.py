@@ -75,7 +75,8 @@ def dense_flops(params) -> int:
     import jax
 
     leaves = jax.tree_util.tree_leaves_with_path(params)
-    return sum(2 * math.prod(x.shape) for path, x in leaves if "kernel" in jax.tree_util.keystr(path))
+    kernels = [x for path, x in leaves if "kernel" in jax.tree_util.keystr(path)]
+    return sum(2 * math.prod(x.shape) for x in kernels)
 
 
 def phases(algo):

@@ -104,8 +104,9 @@ class Algorithm:
     def eval_action(
         self, params, obs: jax.Array, key: jax.Array, greedy: bool = True, obs_stats=None
     ):
-        """One replica's ``params``, raw ``obs: [B@batch, D]`` -> actions ``[B@batch]``;
-        ``obs_stats``: the state's frozen ``obs_stats`` (see ``observe``)."""
+        """One replica's ``params``, raw ``obs: [B@batch, D]`` -> actions ``[B@batch]`` (discrete)
+        or ``[B@batch, A]`` (continuous, as the environment receives them); ``obs_stats``: the
+        state's frozen ``obs_stats`` (see ``observe``)."""
         raise NotImplementedError
 
     def optimizer_step(self, state):
