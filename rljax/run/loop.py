@@ -102,15 +102,14 @@ class ChunkInfo:
     @property
     def state(self):
         """The current state (after any ``replace_state`` by an earlier hook)."""
-        if self.loop.in_flight is not None and self.loop.state is self.pipelined_state:
+        in_flight = self.loop.in_flight
+        if in_flight is not None and self.loop.state is in_flight.source:
             raise RuntimeError(
                 f"a hook read info.state at update {self.update}, but it was added with "
                 "reads_state=False and the next chunk already consumes this state; add it with "
                 "reads_state=True (the default)"
             )
         return self.loop.state
-
-    pipelined_state: Any = None  # the state the in-flight chunk was dispatched with
 
     @property
     def num_updates(self) -> int:
@@ -148,7 +147,8 @@ class Loop:
         self.compiled_seconds = 0.0  # inside compiled chunks (this loop)
         self.compiled_updates = 0  # updates those chunks ran (rewound ones included)
         self.chunk: tuple[int, int, float] | None = None  # (first, count, start) while one runs
-        self.pipeline = pipeline and hasattr(sharded_run, "run_chunk_checked")
+        self._counts_nonfinite = hasattr(sharded_run, "run_chunk_checked")  # guard reads no state
+        self.pipeline = pipeline and self._counts_nonfinite
         self.in_flight: _Chunk | None = None  # dispatched during the current hooks
         self.pipelined_chunks = 0  # boundaries whose hooks ran with the next chunk in flight
         self._rewound = False
@@ -235,9 +235,7 @@ class Loop:
             )  # fmt: skip
             if chunk.nonfinite is not None:
                 info.checked = (self.state, to_host(chunk.nonfinite))
-            if self.in_flight is not None:
-                self.pipelined_chunks += 1
-                info.pipelined_state = self.state
+            self.pipelined_chunks += self.in_flight is not None
             self._run_hooks(info)
             chunk, self.in_flight = self.in_flight, None
             if self._rewound or self._replaced:
@@ -253,11 +251,11 @@ class Loop:
         t0 = time.perf_counter()
         if self.chunk is None:  # the progress ticker sees it from here (a call may block)
             self.chunk = (first, count, t0)
-        if hasattr(self.sharded, "run_chunk_checked"):
-            state, metrics, nonfinite = self.sharded.run_chunk_checked(state, count)
+        if self._counts_nonfinite:
+            out, metrics, nonfinite = self.sharded.run_chunk_checked(state, count)
         else:
-            (state, metrics), nonfinite = self.sharded.run_chunk(state, count), None
-        return _Chunk(first, count, t0, state, metrics, nonfinite)
+            (out, metrics), nonfinite = self.sharded.run_chunk(state, count), None
+        return _Chunk(first, count, t0, state, out, metrics, nonfinite)
 
     def _may_pipeline(self, chunk: _Chunk) -> bool:
         """Whether the chunk after ``chunk`` may start before ``chunk``'s hooks: there is one,
@@ -311,6 +309,7 @@ class _Chunk:
     first: int
     count: int
     t_dispatch: float
+    source: Any  # the state it was dispatched with (consumed: donated)
     state: Any
     metrics: Any
     nonfinite: Any
