@@ -256,6 +256,5 @@ class SaveCheckpoint:
 
     def __call__(self, info: ChunkInfo) -> None:
         if self.s.last_saved != info.update:
-            checked = info.checked  # the chunk's own NaN/inf counts, if this is its state
-            known = checked is not None and checked[0] is info.state and not checked[1].any()
+            known = info.counted and not info.checked[1].any()  # the guard saw the counts
             self.s.save(info.state, info.update, known_finite=known)

@@ -95,9 +95,15 @@ class ChunkInfo:
         the run has no counts) one compiled reduction."""
         from rljax.run import integrity
 
-        if self.checked is not None and self.checked[0] is self.loop.state:
+        if self.counted:
             return integrity.describe_nonfinite(self.loop.sharded.floating_paths, self.checked[1])
         return integrity.nonfinite_leaves(self.state)
+
+    @property
+    def counted(self) -> bool:
+        """Whether ``checked`` holds the NaN/inf counts of the current state (no hook replaced
+        it)."""
+        return self.checked is not None and self.checked[0] is self.loop.state
 
     @property
     def state(self):
