@@ -49,6 +49,7 @@ from rljax.errors import ConfigError
 
 TIMEOUT_EXIT_CODE = 124
 _POLL_S = 0.05
+_SETTLE_S = 2.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -125,17 +126,27 @@ _TASK_IDS = re.compile(r"^[\d,\s]+$")
 _TASK_PATH = re.compile(r"task:(\d+)")
 
 
+# A collective that failed because a peer went away (gloo on CPU; jax 0.10):
+#   "Gloo all-reduce failed: [.../pair.cc:538] Read error [127.0.0.1]:21154: Connection reset
+#   by peer". Such a process is a casualty, not the cause.
+_PEER_LOST = re.compile(r"Gloo \S+ failed|Connection reset by peer|Connection closed by peer")
+
+
 class _HeartbeatReport:
-    """Collects the processes the coordination service reported unhealthy, from stderr lines."""
+    """Collects, from stderr lines, the processes the coordination service reported unhealthy
+    and the processes whose collective failed because a peer went away."""
 
     def __init__(self):
         self.unhealthy: dict[int, int] = {}  # hung process -> the process that reported it
+        self.lost_a_peer: set[int] = set()
 
     def reader(self, reporter: int):
         expecting = False
 
         def on_line(line: str) -> None:
             nonlocal expecting
+            if _PEER_LOST.search(line):
+                self.lost_a_peer.add(reporter)
             ids = [int(i) for i in _TASK_PATH.findall(line)]
             if _UNHEALTHY in line:
                 expecting = True
@@ -286,20 +297,38 @@ def launch(
 def _supervise(
     children, exits: queue.Queue, timeout_s, grace_s, interrupted, say, heartbeats=None
 ) -> int:
-    """Wait for every child; ``exits`` yields ``(index, code)`` in the order they exited."""
+    """Wait for every child; ``exits`` yields ``(index, code)`` in the order they exited.
+
+    A first failure whose collective lost a peer is held back up to ``_SETTLE_S``: the peer that
+    went away can be reaped after it (its sockets close before the kernel reports its exit), and
+    it is the one to name.
+    """
     start = time.monotonic()
     first_failure: int | None = None
     stop_reason: str | None = None
     stop_at: float | None = None  # when survivors get SIGTERM
     terminated_at: float | None = None  # when they got it (SIGKILL follows after grace_s)
     running = {child.index: child for child in children}
-    while running:
+    held: list[tuple[_Child, int]] = []  # casualties held back, and when they stop being held
+    held_until = 0.0
+    while running or held:
+        arrived: list[tuple[_Child, int]] = []
         try:
             index, code = exits.get(timeout=_POLL_S)
         except queue.Empty:
             pass
         else:
             child = running.pop(index)
+            if stop_reason is None and _is_casualty(child, code, interrupted, heartbeats):
+                held_until = held_until if held else time.monotonic() + _SETTLE_S
+                held.append((child, code))
+            else:
+                arrived.append((child, code))
+        failed_first = arrived and arrived[0][1] != 0
+        if held and (failed_first or not running or time.monotonic() >= held_until):
+            arrived, held = arrived + held, []
+        for child, code in arrived:
+            index = child.index
             if child.terminated_by_launcher and code != 0:
                 say(f"process {index} stopped ({describe_exit(code)})")
             elif code != 0:
@@ -343,6 +372,15 @@ def _supervise(
             for child in running.values():
                 child.signal(signal.SIGKILL)
     return first_failure or 0
+
+
+def _is_casualty(child, code: int, interrupted, heartbeats) -> bool:
+    """Whether ``child`` failed only because a peer went away (read once its stderr is in)."""
+    if code == 0 or interrupted or child.terminated_by_launcher or heartbeats is None:
+        return False
+    for reader in child.readers:
+        reader.join(timeout=2)
+    return child.index in heartbeats.lost_a_peer and child.index not in heartbeats.unhealthy
 
 
 def _hung_peers(child, running, heartbeats) -> list[tuple[int, int]]:

@@ -161,6 +161,34 @@ def test_failing_process_is_named_and_its_code_returned(worker):
     assert seconds < 40
 
 
+CASUALTY = textwrap.dedent(
+    """
+    import os, sys, time
+    if os.environ["RLJAX_PROCESS_ID"] == "0":  # the casualty: reaped first
+        print("jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: [pair.cc:538] "
+              "Read error [127.0.0.1]:21154: Connection reset by peer", file=sys.stderr)
+        sys.exit(1)
+    time.sleep(0.5)  # the cause: reaped after it
+    sys.exit(3)
+    """
+)
+
+
+def test_a_process_that_lost_a_peer_is_not_named_before_the_peer(tmp_path):
+    # The kernel can report the casualty's exit first: the failed peer's sockets close before
+    # its own exit is reaped (seen in CI: "process 0 exited with code 1" named first).
+    script = tmp_path / "casualty.py"
+    script.write_text(CASUALTY)
+    out, err = io.StringIO(), io.StringIO()
+    code = launch([str(script)], 2, grace_s=10.0, stdout=out, stderr=err)
+    lines = launcher_lines(err.getvalue())
+    assert lines[:2] == [
+        "launch: process 1 exited with code 3",
+        "launch: process 0 exited with code 1",
+    ], err.getvalue()
+    assert code == 3
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
