@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.bench_harness import curve_study_main  # noqa: E402
 from rljax import PPOConfig  # noqa: E402
+from rljax.presets import preset_config  # noqa: E402
 
 # Pendulum's reward per step is at least -(pi^2 + 0.1 * 8^2 + 0.001 * 2^2) = -16.27, 200 steps.
 LOWEST_RETURN = -16.2736 * 200
@@ -55,25 +56,9 @@ ENVS = {
 
 
 def make_config(total_timesteps: int, env: str = "Pendulum-v1") -> PPOConfig:
-    return PPOConfig(
-        env=env,
-        num_envs=16,
-        num_steps=64,
-        total_timesteps=total_timesteps,
-        update_epochs=4,
-        num_minibatches=4,
-        lr=1e-3,
-        anneal_lr=True,
-        gamma=ENVS[env][2],
-        gae_lambda=0.95,
-        clip_eps=0.2,
-        clip_value_loss=False,
-        ent_coef=0.0,
-        vf_coef=0.5,
-        max_grad_norm=0.5,
-        actor_widths=(64, 64),
-        critic_widths=(64, 64),
-        activation="tanh",
+    # --preset pendulum; MountainCarContinuous with its own discount.
+    return preset_config(
+        "pendulum", env=env, gamma=ENVS[env][2], total_timesteps=total_timesteps
     )
 
 

@@ -60,6 +60,33 @@ PRESETS: dict[str, Preset] = {
             },
         ),
         Preset(
+            "pendulum",
+            "ppo",
+            "PPO Pendulum-v1, diagonal Gaussian (16 envs x 64 steps, 4 minibatches, lr 1e-3 "
+            "annealed, gamma 0.9, no entropy bonus or value clipping, 1e6 steps; reaches about "
+            "-200)",
+            {
+                "env": "Pendulum-v1",
+                "num_envs": 16,
+                "num_steps": 64,
+                "total_timesteps": 1_000_000,
+                "update_epochs": 4,
+                "num_minibatches": 4,
+                "lr": 1e-3,
+                "anneal_lr": True,
+                "gamma": 0.9,
+                "gae_lambda": 0.95,
+                "clip_eps": 0.2,
+                "clip_value_loss": False,
+                "ent_coef": 0.0,
+                "vf_coef": 0.5,
+                "max_grad_norm": 0.5,
+                "actor_widths": (64, 64),
+                "critic_widths": (64, 64),
+                "activation": "tanh",
+            },
+        ),
+        Preset(
             "dqn-cartpole",
             "dqn",
             "DQN CartPole-v1 reference (PureJaxRL's dqn.py; DQNConfig() defaults, 5e5 steps)",

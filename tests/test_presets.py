@@ -36,12 +36,12 @@ def test_preset_values_apply_and_flags_override_them(no_training):
     [
         (
             ["train", "ppo", "--preset", "atari"],
-            "error: unknown preset 'atari'; presets for ppo: cartpole, minatar\n",
+            "error: unknown preset 'atari'; presets for ppo: cartpole, minatar, pendulum\n",
         ),
         (
             ["train", "ppo", "--preset", "dqn-cartpole"],
             "error: preset 'dqn-cartpole' is for dqn, not ppo; presets for ppo: cartpole, "
-            "minatar\n",
+            "minatar, pendulum\n",
         ),
         (
             ["train", "ppo", "--preset", "minatar", "--resume", "runs/x"],
@@ -64,3 +64,12 @@ def test_presets_command_lists_them_and_experiments_read_them(capsys):
     assert ppo_breakout.make_config(81_920) == preset_config("minatar", total_timesteps=81_920)
     assert dqn_cartpole.make_config(500_000) == DQNConfig()
     assert ppo_cartpole.make_config(500_000) == PPOConfig()
+    from experiments import ppo_continuous
+
+    pendulum = preset_config("pendulum")
+    assert ppo_continuous.make_config(1_000_000) == pendulum
+    # The settings behind experiments/results/ppo_continuous.md (-200 after 1e6 steps).
+    assert pendulum == PPOConfig(
+        env="Pendulum-v1", num_envs=16, num_steps=64, total_timesteps=1_000_000, lr=1e-3,
+        gamma=0.9, clip_value_loss=False, ent_coef=0.0,
+    )  # fmt: skip

@@ -67,6 +67,10 @@ class A2CConfig(NetworkSettings):
     """critic hidden widths."""
     activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
     """hidden-layer nonlinearity."""
+    normalize_rewards: bool = False
+    """divide the rewards the update learns from by the running standard deviation of each
+    environment's discounted return (restarted at every episode end; kept in the training state
+    and checkpoints), clipped to +-10. Logged returns and evaluation stay in raw rewards."""
     squash: Literal["none", "tanh"] = "none"
     """continuous actions: none (the Gaussian sample, clipped to the bounds at the environment)
     or tanh (squashed and rescaled to the bounds; log-prob with the log-det correction)."""
@@ -149,11 +153,13 @@ class A2C(ActorCriticAlgorithm):
         env = self.env.reset(env_key)
         step = jnp.zeros((), jnp.int32)
         hparams, obs_stats = self.initial_hparams(), self.init_obs_stats()
-        return A2CState(params, opt_state, {}, env, key, step, hparams, obs_stats)
+        reward_scaling = self.init_reward_scaling()
+        return A2CState(params, opt_state, {}, env, key, step, hparams, obs_stats, reward_scaling)
 
     # -- learning ---------------------------------------------------------------------------------
-    def advantages(self, params, rollout: Rollout, hparams: dict[str, jax.Array]):
-        """``(advantages, returns)``, both ``[T, B@batch]``.
+    def advantages(self, params, rollout: Rollout, hparams: dict[str, jax.Array], reward=None):
+        """``(advantages, returns)``, both ``[T, B@batch]``, of ``reward [T, B@batch]`` (the
+        rollout's own by default).
 
         Every step bootstraps from ``V(final_obs)``, the observation after it before any reset
         (``obs[t+1]`` unless the episode ended; the rollout's last step included); ``gae`` drops
@@ -162,7 +168,8 @@ class A2C(ActorCriticAlgorithm):
         hp, tr = self.resolve(hparams), rollout.transition
         next_values = jax.vmap(self.value, in_axes=(None, 0))(params, tr.final_obs)
         ends = (tr.terminated, tr.truncated)
-        return gae(tr.reward, rollout.value, next_values, *ends, hp.gamma, hp.gae_lambda)
+        reward = tr.reward if reward is None else reward
+        return gae(reward, rollout.value, next_values, *ends, hp.gamma, hp.gae_lambda)
 
     def loss(self, params, batch: A2CBatch, hparams: dict[str, jax.Array]):
         """Policy gradient + value regression - entropy bonus of one replica's samples."""
@@ -190,8 +197,10 @@ class A2C(ActorCriticAlgorithm):
         key, rollout_key = jax.random.split(state.key)
         env, rollout = self.rollout(state.params, state.env, rollout_key, state.obs_stats)
         obs_stats, rollout, _ = self.observed_rollout(state.obs_stats, env, rollout)
-        advantages, returns = self.advantages(state.params, rollout, state.hparams)
         tr = rollout.transition
+        gamma = self.resolve(state.hparams).gamma
+        reward_scaling, reward = self.scaled_rewards(state.reward_scaling, tr, gamma)
+        advantages, returns = self.advantages(state.params, rollout, state.hparams, reward)
         samples = A2CBatch(tr.obs, rollout.action, advantages, returns)
         # [T, B@batch, ...] -> [B*T, ...] env-major, then [R@replica, B/R * T, ...]: a replica's
         # own environments, so no sample leaves its data shard.
@@ -208,7 +217,9 @@ class A2C(ActorCriticAlgorithm):
             **episode_metrics(env.stats),
         )
         step = state.update_step + 1
-        state = state.replace(key=key, env=env, update_step=step, obs_stats=obs_stats)
+        state = state.replace(
+            key=key, env=env, update_step=step, obs_stats=obs_stats, reward_scaling=reward_scaling
+        )
         return self.with_learner(state, params, opt_state, sync), metrics
 
     def optimizer_step(self, state: A2CState) -> A2CState:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from rljax.algos import normalize
 from rljax.algos.base import Algorithm
-from rljax.algos.normalize import RunningStats
+from rljax.algos.normalize import RewardScaling, RunningStats
 from rljax.envs import EnvBatch, Transition, is_continuous
 from rljax.errors import ConfigError
 from rljax.networks import distributions, zoo
@@ -31,6 +33,7 @@ class ActorCriticState:
     update_step: jax.Array  # int32 scalar: updates done
     hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
     obs_stats: RunningStats | None = None  # normalize_obs: running statistics [D], replicated
+    reward_scaling: RewardScaling | None = None  # normalize_rewards: returns [B@batch], stats [1]
 
 
 class Rollout(struct.PyTreeNode):
@@ -140,6 +143,23 @@ class ActorCriticAlgorithm(Algorithm):
             return env, Rollout(transition, action, log_prob, value)
 
         return jax.lax.scan(step, env, jax.random.split(key, self.config.num_steps))
+
+    def init_reward_scaling(self) -> RewardScaling | None:
+        """The state's ``reward_scaling`` with ``normalize_rewards`` (its per-environment returns
+        boxed along ``batch``, like the environments), else ``None``."""
+        if not getattr(self.config, "normalize_rewards", False):
+            return None
+        scaling = normalize.init_reward_scaling(self.config.num_envs)
+        return scaling.replace(returns=nn.LogicallyPartitioned(scaling.returns, names=("batch",)))
+
+    def scaled_rewards(self, scaling, transition: Transition, gamma):
+        """``(scaling, rewards [T, B@batch])`` to learn from: the rollout's rewards divided by the
+        running standard deviation of the discounted return (``normalize.scale_rewards``), or
+        as they are without ``normalize_rewards``. Call it outside any per-replica ``vmap``."""
+        if scaling is None:
+            return None, transition.reward
+        done = transition.terminated | transition.truncated
+        return normalize.scale_rewards(scaling, transition.reward, done, gamma)
 
     def placeholder_actions(self, *lead: int) -> jax.Array:
         """Zero actions ``[*lead]`` int32 or ``[*lead, A]`` float32 (for ``optimizer_step``)."""

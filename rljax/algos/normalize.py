@@ -1,9 +1,14 @@
 """Running observation normalisation: one per-feature mean/variance that PPO, A2C and DQN keep in
-their training state (``state.obs_stats``) when ``normalize_obs`` is set.
+their training state (``state.obs_stats``) when ``normalize_obs`` is set; and reward scaling
+(``normalize_rewards``, PPO and A2C: ``state.reward_scaling``).
 
     stats = init_stats(obs_dim)              # mean 0, var 1, count 0
     stats = update(stats, obs)               # obs [..., D]: every leading axis is a sample
     x = normalize(stats, obs)                # (obs - mean) / sqrt(var + EPSILON), clipped to +-CLIP
+
+``scale_rewards`` divides rewards by the running standard deviation of each environment's
+discounted return (Stable-Baselines3's VecNormalize): the return accumulates ``G = gamma G + r``
+and restarts after every episode end, terminated or truncated.
 
 ``update`` merges the batch's mean and (population) variance into the running ones with Chan et
 al.'s parallel formula, so feeding the data in batches gives the mean and variance of all of it.
@@ -70,3 +75,36 @@ def normalize(stats: RunningStats, obs: jax.Array, clip: float = CLIP) -> jax.Ar
     float32. Reads ``stats`` only (frozen)."""
     x = (obs.astype(jnp.float32) - stats.mean) * jax.lax.rsqrt(stats.var + EPSILON)
     return jnp.clip(x, -clip, clip)
+
+
+class RewardScaling(struct.PyTreeNode):
+    """The state of ``normalize_rewards``."""
+
+    returns: jax.Array  # [B@batch] float32: each environment's discounted return so far
+    stats: RunningStats  # [1]: statistics of every discounted return seen
+
+
+def init_reward_scaling(num_envs: int) -> RewardScaling:
+    return RewardScaling(jnp.zeros((num_envs,), jnp.float32), init_stats(1))
+
+
+def scale_rewards(
+    scaling: RewardScaling, reward: jax.Array, done: jax.Array, gamma, clip: float = CLIP
+) -> tuple[RewardScaling, jax.Array]:
+    """``reward, done: [T, B@batch]`` (done: terminated or truncated) -> ``(scaling with the
+    rollout's discounted returns merged, reward / sqrt(var + EPSILON) clipped to +-clip)``.
+
+    Step ``t``'s return is ``G_t = gamma G_{t-1} + r_t``, and ``G`` restarts at 0 after a done
+    step. The whole rollout's returns are merged first and every reward is divided by the
+    resulting standard deviation (not a new one per step: one division for the rollout). Only the
+    scale changes: the rewards are not centred, so the sign of every reward is kept."""
+
+    def accumulate(g, step):
+        r, d = step
+        g = gamma * g + r.astype(jnp.float32)
+        return jnp.where(d, 0.0, g), g
+
+    returns, history = jax.lax.scan(accumulate, scaling.returns, (reward, done))
+    stats = update(scaling.stats, history[..., None])
+    scaled = reward.astype(jnp.float32) * jax.lax.rsqrt(stats.var[0] + EPSILON)
+    return RewardScaling(returns, stats), jnp.clip(scaled, -clip, clip)

@@ -87,6 +87,10 @@ class PPOConfig(NetworkSettings):
     """shared layers before both towers (an even number of layers)."""
     activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
     """hidden-layer nonlinearity."""
+    normalize_rewards: bool = False
+    """divide the rewards the update learns from by the running standard deviation of each
+    environment's discounted return (restarted at every episode end; kept in the training state
+    and checkpoints), clipped to +-10. Logged returns and evaluation stay in raw rewards."""
     squash: Literal["none", "tanh"] = "none"
     """continuous actions: none (the Gaussian sample, clipped to the bounds at the environment)
     or tanh (squashed and rescaled to the bounds; log-prob with the log-det correction)."""
@@ -206,7 +210,8 @@ class PPO(ActorCriticAlgorithm):
         env = self.env.reset(env_key)
         step = jnp.zeros((), jnp.int32)
         hparams, obs_stats = self.initial_hparams(), self.init_obs_stats()
-        return PPOState(params, opt_state, {}, env, key, step, hparams, obs_stats)
+        reward_scaling = self.init_reward_scaling()
+        return PPOState(params, opt_state, {}, env, key, step, hparams, obs_stats, reward_scaling)
 
     # -- learning targets ---------------------------------------------------------------------
     def next_values(self, params, rollout: Rollout, last_obs: jax.Array) -> jax.Array:
@@ -294,9 +299,10 @@ class PPO(ActorCriticAlgorithm):
         env, rollout = self.rollout(state.params, state.env, rollout_key, state.obs_stats)
         obs_stats, rollout, last_obs = self.observed_rollout(state.obs_stats, env, rollout)
         tr = rollout.transition
+        reward_scaling, reward = self.scaled_rewards(state.reward_scaling, tr, hp.gamma)
         next_values = self.next_values(state.params, rollout, last_obs)
         advantages, returns = gae(
-            tr.reward,
+            reward,
             rollout.value,
             next_values,
             tr.terminated,
@@ -324,7 +330,9 @@ class PPO(ActorCriticAlgorithm):
             **episode_metrics(env.stats),
         )
         step = state.update_step + 1
-        state = state.replace(key=key, env=env, update_step=step, obs_stats=obs_stats)
+        state = state.replace(
+            key=key, env=env, update_step=step, obs_stats=obs_stats, reward_scaling=reward_scaling
+        )
         return self.with_learner(state, params, opt_state, sync), metrics
 
     def optimizer_step(self, state: PPOState) -> PPOState:

@@ -24,8 +24,9 @@ from rljax.run.sharded import ShardedRun
 TINY = PPOConfig(
     num_envs=4, num_steps=16, total_timesteps=4 * 16 * 4, num_minibatches=2, normalize_obs=True
 )
-# Per-replica parameters (local SGD): the replicas act on the same, shared statistics.
-LOCAL = dataclasses.replace(TINY, sync=SyncConfig("local_sgd", period=2))
+# Per-replica parameters (local SGD): the replicas act on the same, shared statistics. Reward
+# scaling too: its checkpoint and resume are tested with the observation statistics'.
+LOCAL = dataclasses.replace(TINY, sync=SyncConfig("local_sgd", period=2), normalize_rewards=True)
 
 
 def batches(seed=0, sizes=(5, 1, 64)):
@@ -143,13 +144,15 @@ def test_statistics_are_checkpointed_and_restored_on_resume(normalized_run):
     with Checkpointer(run_dir / "checkpoints") as ckpt:
         step, saved, _ = ckpt.restore_latest(abstract_state(sharded))
     assert step == 4
-    chex.assert_trees_all_equal(
-        jax.device_get(saved.obs_stats), jax.device_get(result.state.obs_stats)
-    )
+    for part in ("obs_stats", "reward_scaling"):
+        chex.assert_trees_all_equal(
+            jax.device_get(getattr(saved, part)), jax.device_get(getattr(result.state, part))
+        )
     longer = dataclasses.replace(LOCAL, total_timesteps=LOCAL.total_timesteps + 2 * TINY.batch_size)
     resumed = train(longer, RunConfig.make(resume=str(run_dir), eval_every=0, **options))
     assert resumed.resumed_from == 4 and resumed.updates_done == 6
     assert int(resumed.state.obs_stats.count) == 6 * TINY.batch_size  # continued, not restarted
+    assert int(resumed.state.reward_scaling.stats.count) == 6 * TINY.batch_size
 
 
 def test_a2c_with_normalize_obs_counts_its_rollouts_and_stays_finite():
