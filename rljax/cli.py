@@ -5,6 +5,7 @@
     rljax train ppo --resume runs/<name>             # continue a stopped run
     rljax sweep ppo --lr 1e-4,3e-4 --ent-coef 0,0.01 --seeds 0,1,2
     rljax plan ppo --mesh data=2,model=2 --num-devices 4   # compile only: memory per device
+    rljax eval runs/<name> --episodes 64             # a checkpoint evaluated again
     rljax presets                                    # the named presets
     rljax launch -n 2 --devices-per-process 2 --cpu -- train ppo --mesh data=2,model=2
 
@@ -49,11 +50,12 @@ from rljax.run.config import RunConfig
 from rljax.run.resume import config_from_dict, read_run_config
 from rljax.run.sharded import config_type_of, registered_names
 
-USAGE = """usage: rljax {train,plan,sweep,presets,launch} ...
+USAGE = """usage: rljax {train,plan,sweep,eval,presets,launch} ...
 
   rljax train {%(algos)s} [flags]    train an algorithm (rljax train ppo --help: every flag)
   rljax plan {%(algos)s} [train flags]   compile only: parameters and memory per device
   rljax sweep {%(algos)s} --lr 1e-4,3e-4 --seeds 0,1 [train flags]   a grid of settings
+  rljax eval RUN_DIR [--step N] [--episodes 32]   evaluate a checkpoint again (IQM, CIs)
   rljax presets                    the named presets (--preset NAME)
   rljax launch -n N [options] -- train ...   run N cooperating processes on this machine
 """
@@ -375,6 +377,25 @@ def sweep_main(argv: list[str]) -> int:
     return _guarded(body)
 
 
+def parse_tool(args_type, argv: list[str], prog: str):
+    """tyro's parse of a tool command's dataclass (``rljax eval``, ...); one-line errors."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return tyro.cli(args_type, args=argv, prog=prog, registry=INTEGERS)
+    except SystemExit as exit_:
+        if not exit_.code:
+            raise
+        raise ConfigError(one_line(captured.getvalue(), prog)) from None
+
+
+def eval_main(argv: list[str]) -> int:
+    """``rljax eval RUN_DIR [flags]`` (``rljax.tools.evaluate``)."""
+    from rljax.tools.evaluate import EvalArgs, evaluate_run
+
+    return _guarded(lambda: evaluate_run(parse_tool(EvalArgs, argv, "rljax eval")))
+
+
 def presets_main(argv: list[str]) -> int:
     print("presets (rljax train <algo> --preset NAME; flags given after override them):")
     print(presets.describe())
@@ -390,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(argv)
     command, rest = (argv[0], argv[1:]) if argv else (None, [])
     commands = {"train": train_main, "plan": plan_main, "sweep": sweep_main}
-    commands["presets"] = presets_main
+    commands.update(presets=presets_main, eval=eval_main)
     usage = USAGE % {"algos": ",".join(registered_names())}
     if command in ("train", "plan", "sweep") and (not rest or rest[0] in ("-h", "--help")):
         print(usage, end="")
@@ -405,5 +426,6 @@ def main(argv: list[str] | None = None) -> int:
         print(usage, end="")
         return 0
     what = f"unknown command {command!r}" if command else "no command given"
-    print(f"{usage}error: {what}; expected train, plan, sweep, presets or launch", file=sys.stderr)
+    expected = "train, plan, sweep, eval, presets or launch"
+    print(f"{usage}error: {what}; expected {expected}", file=sys.stderr)
     return 2

@@ -87,9 +87,8 @@ def test_top_level_commands_and_console_script(capsys):
     # subcommands from the registry
     assert "rljax train {" + ",".join(ALGORITHMS) + "}" in capsys.readouterr().out
     assert main(["trian", "ppo"]) == 2
-    assert "error: unknown command 'trian'; expected train, plan, sweep, presets or launch" in (
-        capsys.readouterr().err
-    )
+    expected = "expected train, plan, sweep, eval, presets or launch"
+    assert f"error: unknown command 'trian'; {expected}" in capsys.readouterr().err
     assert main(["train", "sac"]) == 2
     assert (
         capsys.readouterr().err == "error: unknown algorithm 'sac'; expected one of ppo, dqn, a2c\n"

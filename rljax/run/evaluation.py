@@ -75,7 +75,8 @@ class Evaluator:
 
 
 class Evaluation:
-    """Greedy evaluation of a training run's state between chunks, compiled ahead of time.
+    """Greedy (or, ``greedy=False``, sampled) evaluation of a training run's state between
+    chunks, compiled ahead of time; ``rljax eval`` uses it too, so it reproduces the numbers.
 
     The key of the evaluation after update ``u`` depends only on the run's seed and ``u``;
     with seeds, each seed is evaluated (vmapped) and the numbers averaged over seeds. A call
@@ -84,11 +85,11 @@ class Evaluation:
     the episodes' returns of the latest call stay in ``last_returns`` (``[(S,) episodes]``, with
     its update in ``last_update``) for the run's summary."""
 
-    def __init__(self, sharded_run, num_envs: int, seed: int):
+    def __init__(self, sharded_run, num_envs: int, seed: int, greedy: bool = True):
         self.sharded = sharded_run
         self.mesh = sharded_run.mesh
         self.num_seeds = sharded_run.num_seeds
-        evaluator = Evaluator(sharded_run.algo, num_envs)
+        evaluator = Evaluator(sharded_run.algo, num_envs, greedy)
         self._evaluate = jax.jit(jax.vmap(evaluator) if self.num_seeds > 1 else evaluator)
         self._key = jax.random.fold_in(jax.random.key(seed), 0xE7A1)
         self.last_returns: np.ndarray | None = None

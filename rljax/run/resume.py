@@ -80,36 +80,39 @@ CONFIG_NAME = "config.json"
 _NOT_COMPARED = ("run.checkpointing.resume",)  # the resume itself
 
 
-def _damaged(run_dir, path: Path, why: str) -> ConfigError:
+def _damaged(run_dir, path: Path, why: str, verb: str = "resume") -> ConfigError:
     return ConfigError(
-        f"cannot resume {str(run_dir)!r}: {path} is damaged ({why}); nothing was changed. It "
+        f"cannot {verb} {str(run_dir)!r}: {path} is damaged ({why}); nothing was changed. It "
         "holds the run's configuration: restore it from a backup or a copy of the run"
     )
 
 
-def read_config_file(run_dir: str | Path) -> dict:
+def read_config_file(run_dir: str | Path, verb: str = "resume") -> dict:
     """``<run_dir>/config.json`` as written: the original configuration plus ``resumes``.
-    ``ConfigError`` naming the file when it is missing, unreadable or damaged."""
+    ``ConfigError`` ("cannot <verb> <run_dir>: ...") naming the file when it is missing,
+    unreadable or damaged."""
     path = Path(run_dir) / CONFIG_NAME
+    if not Path(run_dir).is_dir():
+        raise ConfigError(f"cannot {verb} {str(run_dir)!r}: no such run directory")
     if not path.exists():
-        raise ConfigError(f"cannot resume {str(run_dir)!r}: no {path} (not an rljax run directory)")
+        raise ConfigError(f"cannot {verb} {str(run_dir)!r}: no {path} (not an rljax run directory)")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise _damaged(run_dir, path, "not UTF-8 text") from None
+        raise _damaged(run_dir, path, "not UTF-8 text", verb) from None
     except OSError as error:
         raise ConfigError(
-            f"cannot resume {str(run_dir)!r}: cannot read {path}: {describe_os_error(error)}"
+            f"cannot {verb} {str(run_dir)!r}: cannot read {path}: {describe_os_error(error)}"
         ) from None
     try:
         data = json.loads(text)
     except ValueError as error:
-        raise _damaged(run_dir, path, f"not valid JSON: {error}") from None
+        raise _damaged(run_dir, path, f"not valid JSON: {error}", verb) from None
     if not isinstance(data, dict):
-        raise _damaged(run_dir, path, f"a JSON {type(data).__name__}, not an object")
+        raise _damaged(run_dir, path, f"a JSON {type(data).__name__}, not an object", verb)
     for section, kind in (("algorithm", str), ("algo", dict), ("run", dict)):
         if not isinstance(data.get(section), kind):
-            raise _damaged(run_dir, path, f"no {section!r} section")
+            raise _damaged(run_dir, path, f"no {section!r} section", verb)
     records = data.get("resumes", [])
     if not isinstance(records, list) or not all(
         isinstance(r, dict)
@@ -118,7 +121,7 @@ def read_config_file(run_dir: str | Path) -> dict:
         and all(isinstance(c, dict) and "new" in c for c in r.get("changed", {}).values())
         for r in records
     ):
-        raise _damaged(run_dir, path, "its 'resumes' list is not a list of resume records")
+        raise _damaged(run_dir, path, "its 'resumes' list is not a list of resume records", verb)
     return data
 
 
@@ -144,9 +147,9 @@ def effective_config(data: dict) -> dict:
     return out
 
 
-def read_run_config(run_dir: str | Path) -> dict:
+def read_run_config(run_dir: str | Path, verb: str = "resume") -> dict:
     """The effective configuration of the run in ``run_dir`` (``effective_config``)."""
-    return effective_config(read_config_file(run_dir))
+    return effective_config(read_config_file(run_dir, verb))
 
 
 def _flatten(data: dict, prefix: str = "") -> dict:
