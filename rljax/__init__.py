@@ -15,6 +15,7 @@ from rljax.algos import (
 )
 from rljax.errors import ConfigError
 from rljax.run import Hook, RunConfig, ShardedRun, TrainResult, train
+from rljax.tools.export import Policy, load_policy
 
 __all__ = [
     "A2C",
@@ -30,9 +31,11 @@ __all__ = [
     "Hook",
     "PPOConfig",
     "PPOState",
+    "Policy",
     "RunConfig",
     "ShardedRun",
     "TrainResult",
+    "load_policy",
     "train",
 ]
 __version__ = "0.1.0"

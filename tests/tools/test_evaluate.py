@@ -8,22 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from rljax import PPOConfig, RunConfig, train
 from rljax.cli import main
 from rljax.tools.evaluate import EVAL_FILE, EvalArgs, evaluate_run
-
-CONFIG = PPOConfig(num_envs=4, num_steps=32, total_timesteps=4 * 32 * 6, num_minibatches=2)
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """6 updates on data=2 (2 replicas), evaluated (4 episodes) and checkpointed every 3."""
-    runs = tmp_path_factory.mktemp("eval")
-    run = RunConfig.make(
-        runs_dir=str(runs), run_name="r", mesh="data=2", checkpoint_every=3, eval_every=3,
-        eval_episodes=4, log_every=3, quiet=True, measure_comm=False,
-    )  # fmt: skip
-    return train(CONFIG, run)
 
 
 def logged_eval(result, update):
