@@ -123,10 +123,20 @@ class Algorithm:
         """``state`` with the learner's ``params``/``opt_state``/``sync`` (or their specs)."""
         return state.replace(params=params, opt_state=opt_state, sync=sync)
 
-    def init(self, key: jax.Array):
-        """``key`` -> a fresh state (plain arrays, in the sync strategy's parameter layout)."""
+    def init(self, key: jax.Array, params: dict[str, jax.Array] | None = None):
+        """``key`` -> a fresh state (plain arrays, in the sync strategy's parameter layout).
+
+        ``params``: one replica's parameters to start from instead of the initial ones, by path
+        (``{"actor/dense_0/kernel": array}``, ``leaf_path``); the others stay as initialised and
+        the optimizer state starts afresh (``--init-from``, ``rljax.tools.transfer``)."""
         state = nn.meta.unbox(self.init_boxed(key))
+        if params:
+            state = self.start_from(state, with_leaves(state.params, params))
         return self.with_learner(state, *self.learner.init(state.params, state.opt_state))
+
+    def start_from(self, state, params):
+        """A fresh one-replica ``state`` with ``params`` in place of its initial ones."""
+        return state.replace(params=params, opt_state=self.optimizer.init(params))
 
     def state_specs(self):
         """Logical ``PartitionSpec`` of every leaf of the state."""
@@ -329,3 +339,20 @@ def check_divisible(what: str, value: int, shards: int, why: str = "") -> None:
             f"{what} is not divisible by the {shards} data-parallel shards of the batch{why}; "
             f"use a multiple of {shards}"
         )
+
+
+def leaf_path(path) -> str:
+    """A pytree key path as ``"actor/dense_0/kernel"`` (the leading ``params`` collection
+    dropped)."""
+    parts = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+    return "/".join(parts[1:] if parts and parts[0] == "params" else parts)
+
+
+def with_leaves(tree, leaves: dict[str, jax.Array]):
+    """``tree`` with the leaves named in ``leaves`` (by ``leaf_path``) replaced."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.asarray(leaves[leaf_path(path)], x.dtype)
+        if leaf_path(path) in leaves
+        else x,
+        tree,
+    )

@@ -268,6 +268,10 @@ class DQN(Algorithm):
             obs, jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.float32), flags, flags, obs
         )
 
+    def start_from(self, state, params):
+        """The target network starts from the same parameters."""
+        return super().start_from(state, params).replace(target_params=params)
+
     def init_boxed(self, key: jax.Array) -> DQNState:
         c = self.config
         net_key, env_key, key = jax.random.split(key, 3)

@@ -80,6 +80,12 @@ class CheckpointConfig:
     """newest checkpoints kept."""
     resume: str | None = _resumable(None)
     """run directory to continue from its newest valid checkpoint, e.g. runs/<name>."""
+    init_from: str | None = _resumable(None)  # used by a fresh run only; a resume ignores it
+    """start a new run from the parameters of another run's newest valid checkpoint (another
+    mesh or environment; the copied parameters' shapes must match), e.g. runs/<name>."""
+    init_part: Literal["all", "torso"] = _resumable("all")
+    """with init_from: all parameters, or the torso (every parameter outside the output heads,
+    which keep their fresh initialisation)."""
 
 
 @dataclasses.dataclass(frozen=True)

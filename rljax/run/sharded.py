@@ -195,9 +195,22 @@ class ShardedRun:
         state, buffer = jax.lax.fori_loop(0, num_updates, body, (state, buffer))
         return state, buffer, integrity.nonfinite_counts(state)
 
-    def init(self, key: jax.Array):
+    def init(self, key: jax.Array, params: dict | None = None):
+        """The initial state from ``key`` (per seed: ``split(key, num_seeds)``); ``params``:
+        one replica's parameters by path for every seed to start from (``Algorithm.init``)."""
         with self.layout.active():
-            return self._init_jit(replicate(self.mesh, key))
+            if not params:
+                return self._init_jit(replicate(self.mesh, key))
+            init = jax.jit(self._init_from_params, out_shardings=self.state_shardings)
+            return init(*replicate(self.mesh, (key, params)))
+
+    def _init_from_params(self, key, params):
+        def one(k):
+            return self.algo.init(k, params)
+
+        if self.num_seeds > 1:
+            return jax.lax.map(one, jax.random.split(key, self.num_seeds))
+        return one(key)
 
     def abstract_state(self, key: jax.Array | None = None):
         """The state as ``ShapeDtypeStruct`` leaves with shardings (ahead-of-time lowering,

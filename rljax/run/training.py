@@ -125,6 +125,12 @@ class Session:
         if saved is not None:
             check_compatible(saved, self.name, self.config, run)
         self.layout, self.algo = prepare(algorithm, run)  # every ConfigError before any write
+        self.transfer = None  # --init-from: what the new run copies (checked before compiling)
+        init_from = run.checkpointing.init_from
+        if init_from and not resume:
+            from rljax.tools.transfer import plan_transfer
+
+            self.transfer = plan_transfer(init_from, run.checkpointing.init_part, self.algo)
         self.memory = memory.estimate(self.algo, self.layout, run.num_seeds)  # checked, cached
         self.mesh = self.layout.mesh
         self.primary = jax.process_index() == 0
@@ -431,6 +437,12 @@ def _train(s: Session, user_hooks, console: Console, t_begin: float) -> TrainRes
         resumed_from = s.last_saved = done
         s.log.truncate(done)  # rows written after that checkpoint are recomputed
         say(f"resumed from update {done} ({done * cfg.env_steps_per_update:,} env steps)")
+    elif s.transfer is not None:
+        from rljax.tools.transfer import load_params
+
+        params = load_params(s.transfer)
+        done, state = 0, s.sharded.init(key, params)
+        say(f"initialised {len(params)} parameters from {s.transfer.source} ({s.transfer.part})")
     else:
         done, state = 0, s.sharded.init(key)
     s.started = True  # from here SIGINT/SIGTERM finish the chunk and save (StopSignals)
