@@ -71,10 +71,9 @@ def _registry(name: str):
 
 @contextlib.contextmanager
 def _quiet():
-    """Brax's own notices, none of which the user can act on: jaxopt (a dependency) and Brax say
-    they are unmaintained, Brax's contact code reads a field that MuJoCo >= 4 deprecates, and
-    mujoco prints that its optional warp backend is missing."""
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    """Brax's own warnings, none of which the user can act on: jaxopt (a dependency) and Brax say
+    they are unmaintained, and Brax's contact code reads a field that MuJoCo >= 4 deprecates."""
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "JAXopt is no longer maintained", DeprecationWarning)
         warnings.filterwarnings("ignore", "Accessing `.*` directly from `Data`", DeprecationWarning)
         warnings.filterwarnings("ignore", "Brax System, piplines and environments", UserWarning)
@@ -85,7 +84,8 @@ def _import_brax(name: str):
     """``(brax.envs, brax.envs.wrappers.training)``; a ``ConfigError`` saying how to install
     them when the import fails."""
     try:
-        with _quiet():
+        # Importing mujoco prints that its optional warp backend is missing.
+        with _quiet(), contextlib.redirect_stdout(io.StringIO()):
             from brax import envs
             from brax.envs.wrappers import training
     except ImportError as error:
