@@ -39,8 +39,8 @@ class A2CConfig(NetworkSettings):
     """A2C hyperparameters (defaults: tuned to solve CartPole-v1 in ~250k steps)."""
 
     env: str = "CartPole-v1"
-    """gymnax environment; discrete actions get a categorical policy, continuous (Box) ones a
-    diagonal Gaussian."""
+    """gymnax environment, or brax/<name> (pip install 'rljax[brax]'); discrete actions get a
+    categorical policy, continuous (Box) ones a diagonal Gaussian."""
     num_envs: int = 32
     """parallel environments (the batch, split over data-parallel replicas)."""
     num_steps: int = 8

@@ -19,7 +19,7 @@ import optax
 
 from rljax.algos import hparams as hparams_lib
 from rljax.algos import normalize
-from rljax.envs import BatchedEnv, EpisodeStats
+from rljax.envs import EpisodeStats, make_env
 from rljax.errors import ConfigError
 from rljax.parallel.learner import Learner
 from rljax.parallel.rules import batch_spec_like
@@ -57,7 +57,7 @@ class Algorithm:
         self.config = config
         self.replicas = replicas
         self.swept = hparams_lib.check_swept(swept, self.sweepable(), self.name)
-        self.env = BatchedEnv(config.env, config.num_envs)
+        self.env = make_env(config.env, config.num_envs)
         self.network = self.build_network()
         self.optimizer = self.build_optimizer()
         boxed = jax.eval_shape(self.init_params, jax.random.key(0))

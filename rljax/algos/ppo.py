@@ -49,8 +49,8 @@ class PPOConfig(NetworkSettings):
     """PPO hyperparameters (defaults: PureJaxRL's CartPole settings)."""
 
     env: str = "CartPole-v1"
-    """gymnax environment; discrete actions get a categorical policy, continuous (Box) ones a
-    diagonal Gaussian."""
+    """gymnax environment, or brax/<name> (pip install 'rljax[brax]'); discrete actions get a
+    categorical policy, continuous (Box) ones a diagonal Gaussian."""
     num_envs: int = 4
     """parallel environments (the batch, split over data-parallel replicas)."""
     num_steps: int = 128

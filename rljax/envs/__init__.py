@@ -1,6 +1,7 @@
-"""Jitted, batched gymnax environments."""
+"""Jitted, batched gymnax environments, and Brax ones (``brax/<name>``) as an optional extra."""
 
 from rljax.envs.gymnax_envs import (
+    BRAX_PREFIX,
     CONTINUOUS_ENVS,
     DISCRETE_ENVS,
     ENVS,
@@ -14,9 +15,11 @@ from rljax.envs.gymnax_envs import (
     check_env_name,
     image_obs_shape,
     is_continuous,
+    make_env,
 )
 
 __all__ = [
+    "BRAX_PREFIX",
     "CONTINUOUS_ENVS",
     "DISCRETE_ENVS",
     "ENVS",
@@ -30,4 +33,5 @@ __all__ = [
     "check_env_name",
     "image_obs_shape",
     "is_continuous",
+    "make_env",
 ]

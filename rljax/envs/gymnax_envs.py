@@ -53,6 +53,9 @@ CONTINUOUS_ENVS = (
 )
 ENVS = DISCRETE_ENVS + CONTINUOUS_ENVS
 
+# Brax environments (the optional extra) are named ``brax/<name>``: see rljax/envs/brax_envs.py.
+BRAX_PREFIX = "brax/"
+
 
 # The environments whose observations are images, ``[H, W, C]`` (what ``network="cnn"`` needs):
 # known before any environment is built, so configs are checked before JAX starts.
@@ -67,19 +70,24 @@ IMAGE_OBS_SHAPES = {
 
 
 def check_env_name(name: str) -> None:
+    if name.startswith(BRAX_PREFIX):
+        from rljax.envs.brax_envs import check_brax_name
+
+        return check_brax_name(name)
     if name not in ENVS:
         raise ConfigError(
             f"unknown environment {name!r}; known gymnax environments: discrete actions: "
             + ", ".join(DISCRETE_ENVS)
             + "; continuous actions: "
             + ", ".join(CONTINUOUS_ENVS)
+            + f"; Brax environments (pip install 'rljax[brax]'): {BRAX_PREFIX}<name>"
         )
 
 
 def is_continuous(name: str) -> bool:
     """Whether environment ``name`` has a continuous (Box) action space; known before any
     environment is built, so configs are checked before JAX starts."""
-    return name in CONTINUOUS_ENVS
+    return name in CONTINUOUS_ENVS or name.startswith(BRAX_PREFIX)
 
 
 def check_discrete(name: str, algorithm: str) -> None:
@@ -88,8 +96,8 @@ def check_discrete(name: str, algorithm: str) -> None:
     if is_continuous(name):
         raise ConfigError(
             f"{algorithm} supports discrete action spaces only, and {name} has a continuous (Box) "
-            f"action space; the continuous environments ({', '.join(CONTINUOUS_ENVS)}) train "
-            "with ppo or a2c (a Gaussian policy)"
+            f"action space; the continuous environments ({', '.join(CONTINUOUS_ENVS)}, "
+            f"{BRAX_PREFIX}*) train with ppo or a2c (a Gaussian policy)"
         )
 
 
@@ -124,6 +132,18 @@ class EpisodeStats:
     last_return: jax.Array
     last_length: jax.Array
     completed: jax.Array  # episodes finished since the start of training
+
+    def after(self, reward: jax.Array, done: jax.Array) -> EpisodeStats:
+        """The statistics after one step with ``reward: [B]`` that ended the episodes ``done``."""
+        ep_return = self.running_return + reward
+        ep_length = self.running_length + 1
+        return EpisodeStats(
+            running_return=jnp.where(done, 0.0, ep_return),
+            running_length=jnp.where(done, 0, ep_length),
+            last_return=jnp.where(done, ep_return, self.last_return),
+            last_length=jnp.where(done, ep_length, self.last_length),
+            completed=self.completed + done.astype(jnp.int32),
+        )
 
 
 class Transition(NamedTuple):
@@ -207,18 +227,19 @@ class BatchedEnv:
         terminated = terminated.astype(bool)
         truncated = jnp.logical_and(truncated.astype(bool), jnp.logical_not(terminated))
         done = jnp.logical_or(terminated, truncated)
-        s = batch.stats
-        ep_return = s.running_return + reward
-        ep_length = s.running_length + 1
-        stats = EpisodeStats(
-            running_return=jnp.where(done, 0.0, ep_return),
-            running_length=jnp.where(done, 0, ep_length),
-            last_return=jnp.where(done, ep_return, s.last_return),
-            last_length=jnp.where(done, ep_length, s.last_length),
-            completed=s.completed + done.astype(jnp.int32),
-        )
+        stats = batch.stats.after(reward, done)
         new_batch = constrain_batch(EnvBatch(state, self._flat(obs), stats))
         transition = Transition(
             batch.obs, reward, terminated, truncated, self._flat(info["final_observation"])
         )
         return new_batch, transition
+
+
+def make_env(name: str, num_envs: int):
+    """``num_envs`` copies of environment ``name``: a ``BraxEnv`` for ``brax/<name>`` (the
+    optional extra), else a gymnax ``BatchedEnv``; both have the same members."""
+    if name.startswith(BRAX_PREFIX):
+        from rljax.envs.brax_envs import BraxEnv
+
+        return BraxEnv(name, num_envs)
+    return BatchedEnv(name, num_envs)

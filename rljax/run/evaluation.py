@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.envs import BatchedEnv
+from rljax.envs import make_env
 from rljax.errors import ConfigError
 
 DEFAULT_EVAL_STEPS = 1000  # for environments without a time limit in their params
@@ -40,7 +40,7 @@ class Evaluator:
             raise ConfigError(f"eval_episodes must be >= 1, got {num_envs}")
         self.algo = algo
         self.greedy = greedy
-        self.env = BatchedEnv(algo.config.env, num_envs)
+        self.env = make_env(algo.config.env, num_envs)
         self.num_steps = self.env.time_limit or DEFAULT_EVAL_STEPS
 
     def __call__(self, params, key: jax.Array, obs_stats=None) -> dict[str, jax.Array]:
