@@ -50,12 +50,13 @@ from rljax.run.config import RunConfig
 from rljax.run.resume import config_from_dict, read_run_config
 from rljax.run.sharded import config_type_of, registered_names
 
-USAGE = """usage: rljax {train,plan,sweep,eval,export,compress,presets,launch} ...
+USAGE = """usage: rljax {train,plan,sweep,eval,compare,export,compress,presets,launch} ...
 
   rljax train {%(algos)s} [flags]    train an algorithm (rljax train ppo --help: every flag)
   rljax plan {%(algos)s} [train flags]   compile only: parameters and memory per device
   rljax sweep {%(algos)s} --lr 1e-4,3e-4 --seeds 0,1 [train flags]   a grid of settings
   rljax eval RUN_DIR [--step N] [--episodes 32]   evaluate a checkpoint again (IQM, CIs)
+  rljax compare 'runs/a-*' 'runs/b-*'   IQM, CIs, profiles, curves over seeds and runs
   rljax export RUN_DIR OUT_DIR     a standalone policy (rljax.load_policy, jax.export)
   rljax compress RUN_DIR --int8 --bf16 --prune 0.5 0.9   smaller policies, evaluated
   rljax presets                    the named presets (--preset NAME)
@@ -412,6 +413,13 @@ def compress_main(argv: list[str]) -> int:
     return _guarded(lambda: compress_run(parse_tool(CompressArgs, argv, "rljax compress")))
 
 
+def compare_main(argv: list[str]) -> int:
+    """``rljax compare 'runs/a-*' 'runs/b-*'`` (``rljax.tools.compare``)."""
+    from rljax.tools.compare import CompareArgs, compare
+
+    return _guarded(lambda: compare(parse_tool(CompareArgs, argv, "rljax compare")))
+
+
 def presets_main(argv: list[str]) -> int:
     print("presets (rljax train <algo> --preset NAME; flags given after override them):")
     print(presets.describe())
@@ -428,7 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = (argv[0], argv[1:]) if argv else (None, [])
     commands = {"train": train_main, "plan": plan_main, "sweep": sweep_main}
     commands.update(
-        presets=presets_main, eval=eval_main, export=export_main, compress=compress_main
+        presets=presets_main,
+        eval=eval_main,
+        export=export_main,
+        compress=compress_main,
+        compare=compare_main,
     )
     usage = USAGE % {"algos": ",".join(registered_names())}
     if command in ("train", "plan", "sweep") and (not rest or rest[0] in ("-h", "--help")):
@@ -444,6 +456,6 @@ def main(argv: list[str] | None = None) -> int:
         print(usage, end="")
         return 0
     what = f"unknown command {command!r}" if command else "no command given"
-    expected = "train, plan, sweep, eval, export, compress, presets or launch"
+    expected = "train, plan, sweep, eval, compare, export, compress, presets or launch"
     print(f"{usage}error: {what}; expected {expected}", file=sys.stderr)
     return 2

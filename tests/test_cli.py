@@ -87,7 +87,7 @@ def test_top_level_commands_and_console_script(capsys):
     # subcommands from the registry
     assert "rljax train {" + ",".join(ALGORITHMS) + "}" in capsys.readouterr().out
     assert main(["trian", "ppo"]) == 2
-    expected = "expected train, plan, sweep, eval, export, compress, presets or launch"
+    expected = "expected train, plan, sweep, eval, compare, export, compress, presets or launch"
     assert f"error: unknown command 'trian'; {expected}" in capsys.readouterr().err
     assert main(["train", "sac"]) == 2
     assert (
