@@ -35,6 +35,11 @@ def check_renderable(env: str) -> None:
 def render_episode(loaded, path: str, seed: int, max_steps: int = 500) -> dict:
     """Play one greedy episode of seed 0's policy on one environment (at most ``max_steps``)
     and write it to ``path``; ``{"path", "frames", "return"}``."""
+    import os
+
+    # Gymnasium's renderer starts pygame: no sound card, no display needed.
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     import gymnax
     import jax
     import numpy as np
