@@ -27,6 +27,7 @@ observation and reward statistics once per rollout instead of once per step.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -191,7 +192,11 @@ def main(argv=None) -> None:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
 
+    # Rows of the pairs not run now are kept from the last report (one table for both pairs).
+    previous = args.out.with_suffix(".json")
     rows: list[dict] = []
+    if previous.exists():
+        rows = [r for r in json.loads(previous.read_text())["rows"] if r["pair"] not in args.pairs]
     for pair in args.pairs:
         updates = args.updates or DEFAULT_UPDATES[pair]
         for seeds in args.seeds or DEFAULT_SEEDS[pair]:
