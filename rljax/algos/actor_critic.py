@@ -31,6 +31,7 @@ class ActorCriticState:
     update_step: jax.Array  # int32 scalar: updates done
     hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
     obs_stats: RunningStats | None = None  # normalize_obs: running statistics [D], replicated
+    hidden: jax.Array | None = None  # recurrent PPO: [B@batch, H], the next step's hidden state
 
 
 class Rollout(struct.PyTreeNode):

@@ -43,9 +43,7 @@ class ObservationWrapper:
 
     @partial(jax.jit, static_argnames=("self",))
     def step(self, key: jax.Array, state, action, params=None):
-        obs, state, reward, terminated, truncated, info = self._env.step(
-            key, state, action, params
-        )
+        obs, state, reward, terminated, truncated, info = self._env.step(key, state, action, params)
         info = {**info, "final_observation": self.observation(info["final_observation"])}
         return self.observation(obs), state, reward, terminated, truncated, info
 
