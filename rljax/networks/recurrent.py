@@ -105,7 +105,10 @@ class RecurrentActorCritic(nn.Module):
         return out, value, hidden
 
 
-def unroll(network: RecurrentActorCritic, params, obs, ends, hidden):
+UNROLL = 8  # cell steps per loop iteration: XLA's per-iteration cost dominates a small cell on CPU
+
+
+def unroll(network: RecurrentActorCritic, params, obs, ends, hidden, unroll_steps: int = UNROLL):
     """A sequence from its first hidden state: ``obs [T, B, D]``, ``ends [T, B]`` (step ``t``
     ended an episode: the state after it is reset to zeros), ``hidden [B, H]`` -> ``(policy
     output [T, B, ...], value [T, B])``, the same numbers as stepping ``__call__`` ``T`` times
@@ -117,5 +120,6 @@ def unroll(network: RecurrentActorCritic, params, obs, ends, hidden):
         h = network.apply(params, h, x_t, method="cell")
         return jnp.where(end_t[:, None], 0.0, h), h
 
-    _, states = jax.lax.scan(step, hidden, (x, ends))  # states: before each step's reset
+    # states: before each step's reset
+    _, states = jax.lax.scan(step, hidden, (x, ends), unroll=unroll_steps)
     return network.apply(params, states, method="heads")
