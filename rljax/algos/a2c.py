@@ -131,7 +131,7 @@ class A2C(ActorCriticAlgorithm):
                 f"(num_envs*num_steps={config.env_steps_per_update})"
             )
         validate_sync(config.sync)
-        check_network(config, mlp_shards)
+        check_network(config, mlp_shards, "a2c")
         if config.network == "mlp":
             check_tensor_parallel(
                 {"actor": config.actor_widths, "critic": config.critic_widths}, mlp_shards

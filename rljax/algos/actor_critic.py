@@ -34,6 +34,7 @@ class ActorCriticState:
     hparams: dict[str, jax.Array]  # swept fields as float32 scalars (empty unless sweeping)
     obs_stats: RunningStats | None = None  # normalize_obs: running statistics [D], replicated
     reward_scaling: RewardScaling | None = None  # normalize_rewards: returns [B@batch], stats [1]
+    hidden: jax.Array | None = None  # recurrent PPO: [B@batch, H], the next step's hidden state
 
 
 class Rollout(struct.PyTreeNode):

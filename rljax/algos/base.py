@@ -109,6 +109,13 @@ class Algorithm:
         state's frozen ``obs_stats`` (see ``observe``)."""
         raise NotImplementedError
 
+    def eval_memory(self, num_envs: int):
+        """What the policy carries between evaluation steps: ``None`` (feed-forward: it acts on
+        the observation alone) or, recurrent, the state of ``num_envs`` episodes at their start
+        (``[num_envs@batch, ...]``); then ``eval_action`` takes ``memory=`` and returns
+        ``(actions, memory)``."""
+        return None
+
     def optimizer_step(self, state):
         """One optimizer step on placeholder data: the program whose collectives
         ``rljax.diagnostics`` counts (values do not matter there)."""

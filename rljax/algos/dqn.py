@@ -248,7 +248,7 @@ class DQN(Algorithm):
                 f"{c.n_step * c.num_envs} so that whole n-step windows exist before sampling"
             )
         validate_sync(c.sync)
-        check_network(c, mlp_shards)
+        check_network(c, mlp_shards, "dqn")
         if c.network == "mlp":
             check_tensor_parallel({"q": c.q_widths}, mlp_shards)
 

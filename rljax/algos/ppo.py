@@ -118,7 +118,8 @@ PPOState = ActorCriticState
 
 
 class PPOBatch(NamedTuple):
-    """Samples for the loss, leaves ``[n, ...]`` (one replica's minibatch)."""
+    """Samples for the loss, leaves ``[n, ...]`` (one replica's minibatch); recurrent: ``n``
+    whole environment sequences, leaves ``[n, T, ...]``, with ``ends`` and ``hidden``."""
 
     obs: jax.Array  # [n, D]
     action: jax.Array  # [n] int32, or [n, A] float32 raw samples (continuous)
@@ -126,17 +127,28 @@ class PPOBatch(NamedTuple):
     value: jax.Array  # [n] behaviour value
     advantage: jax.Array  # [n], normalised over the whole minibatch
     returns: jax.Array  # [n] GAE value targets
+    ends: jax.Array | None = None  # recurrent: [n, T] bool, the step ended an episode
+    hidden: jax.Array | None = None  # recurrent: [n, H] the hidden state at the sequence's start
 
 
 class PPO(ActorCriticAlgorithm):
     """PPO built from a config; methods are pure functions of their array arguments.
 
     A ``data=R`` mesh and ``R`` replicas emulated on one device give the same numbers; the model
-    axis never changes them.
+    axis never changes them. ``PPO(config)`` with ``config.recurrent="gru"`` builds a
+    ``RecurrentPPO`` (``rljax/algos/recurrent.py``), which overrides the hooks ``collect``,
+    ``training_batch``, ``forward`` and ``placeholder_minibatch``.
     """
 
     name = "ppo"
     config_type = PPOConfig
+
+    def __new__(cls, config=None, *args, **kwargs):
+        if cls is PPO and getattr(config, "recurrent", "none") != "none":
+            from rljax.algos.recurrent import RecurrentPPO
+
+            cls = RecurrentPPO
+        return super().__new__(cls)
 
     @classmethod
     def validate(cls, config: PPOConfig, batch_shards: int = 1, mlp_shards: int = 1) -> None:
@@ -156,17 +168,23 @@ class PPO(ActorCriticAlgorithm):
             if getattr(config, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(config, name)}")
         check_divisible(f"num_envs={config.num_envs}", config.num_envs, batch_shards)
-        if config.batch_size % config.num_minibatches:
+        check_network(config, mlp_shards, "ppo", recurrent_ok=True)
+        if config.recurrent != "none":
+            from rljax.algos.recurrent import check_sequences
+
+            check_sequences(config, batch_shards)
+        elif config.batch_size % config.num_minibatches:
             raise ConfigError(
                 f"num_minibatches={config.num_minibatches} does not divide the batch "
                 f"num_envs*num_steps={config.batch_size}"
             )
-        check_divisible(
-            f"minibatch size {config.minibatch_size} (batch {config.batch_size} / "
-            f"{config.num_minibatches} minibatches)",
-            config.minibatch_size,
-            batch_shards,
-        )
+        else:
+            check_divisible(
+                f"minibatch size {config.minibatch_size} (batch {config.batch_size} / "
+                f"{config.num_minibatches} minibatches)",
+                config.minibatch_size,
+                batch_shards,
+            )
         if config.num_updates < 1:
             raise ConfigError(
                 f"total_timesteps={config.total_timesteps} is less than one update "
@@ -180,7 +198,6 @@ class PPO(ActorCriticAlgorithm):
                 "or num_minibatches, or raise num_envs*num_steps"
             )
         validate_sync(config.sync)
-        check_network(config, mlp_shards)
         if config.network == "mlp":
             check_torso(config.torso_widths)
             towers = {"torso": config.torso_widths, "actor": config.actor_widths}
@@ -239,7 +256,7 @@ class PPO(ActorCriticAlgorithm):
     def loss(self, params, batch: PPOBatch, hparams: dict[str, jax.Array]):
         """Clipped PPO loss of one replica's minibatch -> ``(loss, aux metrics)``."""
         c = self.resolve(hparams)
-        out, value = self.network.apply(params, batch.obs)
+        out, value = self.forward(params, batch)
         log_prob = self.dist.log_prob(out, batch.action)
         log_ratio = log_prob - batch.log_prob
         ratio = jnp.exp(log_ratio)
@@ -263,6 +280,10 @@ class PPO(ActorCriticAlgorithm):
         }
         return loss, aux
 
+    def forward(self, params, batch: PPOBatch):
+        """The network on one replica's minibatch: ``(policy output, value)`` per sample."""
+        return self.network.apply(params, batch.obs)
+
     def sgd_step(self, carry, minibatch: PPOBatch, hparams):
         """One optimizer step on ``minibatch`` leaves ``[R@replica, n, ...]``."""
         params, opt_state, sync = carry
@@ -277,10 +298,12 @@ class PPO(ActorCriticAlgorithm):
         return (params, opt_state, sync), metrics
 
     def epoch(self, carry, key, batch: PPOBatch, hparams):
-        """``batch`` leaves ``[R@replica, N/R, ...]``: each replica shuffles its own samples."""
+        """``batch`` leaves ``[R@replica, N/R, ...]``: each replica shuffles its own rows (samples;
+        recurrent: whole sequences)."""
         c, replicas = self.config, self.replicas
+        rows = jax.tree.leaves(batch)[0].shape[1]
         permutations = jax.vmap(jax.random.permutation, in_axes=(0, None))(
-            jax.random.split(key, replicas), c.batch_size // replicas
+            jax.random.split(key, replicas), rows
         )
 
         def to_minibatches(x):
@@ -292,15 +315,26 @@ class PPO(ActorCriticAlgorithm):
         step = functools.partial(self.sgd_step, hparams=hparams)
         return jax.lax.scan(step, carry, jax.tree.map(to_minibatches, batch))
 
+    def collect(self, state: PPOState, key: jax.Array):
+        """The rollout as the loss sees it -> ``(env, rollout, next_values [T, B@batch],
+        state fields to replace)``."""
+        env, rollout = self.rollout(state.params, state.env, key, state.obs_stats)
+        obs_stats, rollout, last_obs = self.observed_rollout(state.obs_stats, env, rollout)
+        next_values = self.next_values(state.params, rollout, last_obs)
+        return env, rollout, next_values, {"obs_stats": obs_stats}
+
+    def training_batch(self, state: PPOState, samples: PPOBatch, rollout: Rollout) -> PPOBatch:
+        """``[T, B@batch, ...]`` samples -> rows ``[R@replica, B/R * T, ...]``: env-major, a
+        replica's own environments, so no sample leaves its data shard."""
+        return self.learner.split(env_major(samples))
+
     def update(self, state: PPOState) -> tuple[PPOState, dict[str, jax.Array]]:
         """One PPO iteration: rollout, GAE, ``update_epochs`` x shuffled minibatches."""
         c, hp = self.config, self.resolve(state.hparams)
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        env, rollout = self.rollout(state.params, state.env, rollout_key, state.obs_stats)
-        obs_stats, rollout, last_obs = self.observed_rollout(state.obs_stats, env, rollout)
+        env, rollout, next_values, replaced = self.collect(state, rollout_key)
         tr = rollout.transition
         reward_scaling, reward = self.scaled_rewards(state.reward_scaling, tr, hp.gamma)
-        next_values = self.next_values(state.params, rollout, last_obs)
         advantages, returns = gae(
             reward,
             rollout.value,
@@ -313,9 +347,7 @@ class PPO(ActorCriticAlgorithm):
         samples = PPOBatch(
             tr.obs, rollout.action, rollout.log_prob, rollout.value, advantages, returns
         )
-        # [T, B@batch, ...] -> [B*T, ...] env-major, then [R@replica, B/R * T, ...]: a replica's
-        # own environments, so no sample leaves its data shard.
-        batch = self.learner.split(env_major(samples))
+        batch = self.training_batch(state, samples, rollout)
         (params, opt_state, sync), sgd_metrics = jax.lax.scan(
             lambda carry, k: self.epoch(carry, k, batch, state.hparams),
             (state.params, state.opt_state, state.sync),
@@ -331,19 +363,23 @@ class PPO(ActorCriticAlgorithm):
         )
         step = state.update_step + 1
         state = state.replace(
-            key=key, env=env, update_step=step, obs_stats=obs_stats, reward_scaling=reward_scaling
+            key=key, env=env, update_step=step, reward_scaling=reward_scaling, **replaced
         )
         return self.with_learner(state, params, opt_state, sync), metrics
 
-    def optimizer_step(self, state: PPOState) -> PPOState:
+    def placeholder_minibatch(self) -> PPOBatch:
+        """Zeros shaped like one minibatch, leaves ``[R@replica, n, ...]``."""
         c, obs_dim = self.config, self.env.spec.obs_dim
         n = c.minibatch_size // self.replicas
 
-        def zeros(*shape, dtype=jnp.float32):
-            return constrain(jnp.zeros((self.replicas, n, *shape), dtype), "replica")
+        def zeros(*shape):
+            return constrain(jnp.zeros((self.replicas, n, *shape), jnp.float32), "replica")
 
         action = constrain(self.placeholder_actions(self.replicas, n), "replica")
-        minibatch = PPOBatch(zeros(obs_dim), action, zeros(), zeros(), zeros(), zeros())
+        return PPOBatch(zeros(obs_dim), action, zeros(), zeros(), zeros(), zeros())
+
+    def optimizer_step(self, state: PPOState) -> PPOState:
+        minibatch = self.placeholder_minibatch()
         (params, opt_state, sync), _ = self.sgd_step(
             (state.params, state.opt_state, state.sync), minibatch, state.hparams
         )

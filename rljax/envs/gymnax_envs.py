@@ -41,6 +41,7 @@ DISCRETE_ENVS = (
     "GaussianBandit-misc",
     "Pong-misc",
     "FrozenLake-misc",
+    "CartPole-v1-po",  # rljax.envs.wrappers: CartPole with the velocities masked
 )
 
 
@@ -170,10 +171,11 @@ class BatchedEnv:
         check_env_name(name)
         # Imported here: importing gymnax starts the JAX backend, which must wait until the
         # number of emulated CPU devices is set.
-        import gymnax
         from gymnax.environments import spaces
 
-        self.env, self.params = gymnax.make(name)
+        from rljax.envs.wrappers import make
+
+        self.env, self.params = make(name)
         obs_shape = self.env.observation_space(self.params).shape
         obs_shape = tuple(int(n) for n in obs_shape)
         obs_dim = int(math.prod(obs_shape))

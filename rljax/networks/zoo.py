@@ -21,9 +21,11 @@ from rljax.networks.mlp import (
     compute_dtype_of,
     param_dtype_of,
 )
+from rljax.networks.recurrent import RecurrentActorCritic
 from rljax.networks.residual import ResidualActorCritic, ResidualQNetwork
 
 NETWORKS = ("mlp", "residual", "cnn")
+RECURRENT = ("none", "gru")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,15 +68,27 @@ class NetworkSettings:
     """feed the network observations normalised by their running mean and variance (merged over
     data shards, kept in the training state and checkpoints, frozen in evaluation), clipped to
     +-10."""
+    recurrent: Literal["none", "gru"] = "none"
+    """PPO only, network=mlp: gru puts a Dense(gru_width) embedding and a GRU cell of gru_width
+    before the actor and critic towers. The hidden state is reset at every episode end, lives
+    in the training state (and checkpoints), and training runs BPTT over whole environment
+    sequences of num_steps (num_minibatches splits environments, never time). The embedding
+    and cell are replicated over the model axis (a split cell would all-gather its state at
+    every time step), the towers after it tensor parallel."""
+    gru_width: int = 128
+    """recurrent=gru: width of the embedding and of the GRU's hidden state."""
 
 
-def check_network(config, mlp_shards: int) -> None:
+def check_network(config, mlp_shards: int, algorithm: str = "", recurrent_ok: bool = False) -> None:
     """The network fields of an algorithm config: ``network``, ``compute_dtype``; for
     ``network="residual"``, ``residual_width/depth/expansion`` (the blocks' column-split hidden
     width ``width * expansion`` must divide by the ``model`` axis size ``mlp_shards``); for
-    ``network="cnn"``, an image environment, the ``cnn_*`` fields and the head's fields."""
+    ``network="cnn"``, an image environment, the ``cnn_*`` fields and the head's fields;
+    ``recurrent`` only where ``recurrent_ok`` (``algorithm`` names the caller in the message),
+    with ``network="mlp"`` and ``gru_width >= 1``."""
     if config.network not in NETWORKS:
         raise ConfigError(f"network must be one of {list(NETWORKS)}, got {config.network!r}")
+    check_recurrent(config, algorithm, recurrent_ok)
     compute_dtype_of(config.compute_dtype)
     param_dtype_of(getattr(config, "param_dtype", "float32"))
     check_remat(getattr(config, "remat", "none"))
@@ -82,6 +96,26 @@ def check_network(config, mlp_shards: int) -> None:
         check_cnn(config, mlp_shards)
     if config.network == "residual" or (config.network, config.cnn_head) == ("cnn", "residual"):
         check_residual(config, mlp_shards)
+
+
+def check_recurrent(config, algorithm: str, recurrent_ok: bool) -> None:
+    recurrent = getattr(config, "recurrent", "none")
+    if recurrent not in RECURRENT:
+        raise ConfigError(f"recurrent must be one of {list(RECURRENT)}, got {recurrent!r}")
+    if recurrent == "none":
+        return
+    if not recurrent_ok:
+        raise ConfigError(
+            f"recurrent={recurrent!r} is built for ppo only; {algorithm or 'this algorithm'} "
+            "trains feed-forward networks (recurrent='none')"
+        )
+    if config.network != "mlp":
+        raise ConfigError(
+            f"recurrent={recurrent!r} goes with network='mlp' (a GRU before the MLP towers), got "
+            f"network={config.network!r}"
+        )
+    if config.gru_width < 1:
+        raise ConfigError(f"gru_width must be >= 1, got {config.gru_width}")
 
 
 def check_cnn(config, mlp_shards: int) -> None:
@@ -161,6 +195,10 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
     )
     if network == "residual":
         return ResidualActorCritic(**residual_fields(c), **common)
+    if getattr(c, "recurrent", "none") == "gru":
+        return RecurrentActorCritic(
+            width=c.gru_width, actor_widths=c.actor_widths, critic_widths=c.critic_widths, **common
+        )
     return ActorCritic(
         actor_widths=c.actor_widths,
         critic_widths=c.critic_widths,

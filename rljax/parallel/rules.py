@@ -33,9 +33,11 @@ RULES: Rules = (
     ("mlp", "model"),  # parameter: the tensor-parallel width of a column- then row-split block
     ("actions", None),  # parameter: policy / Q head outputs
     ("value", None),  # parameter: the critic's scalar output
+    ("recurrent", None),  # parameter: a recurrent cell's width, replicated (docs/architecture.md)
     ("activation_embed", None),
     ("activation_mlp", "model"),
     ("activation_actions", None),
+    ("activation_recurrent", None),  # a recurrent cell's hidden state
 )
 
 

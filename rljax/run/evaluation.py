@@ -2,7 +2,8 @@
 
 ``evaluate(algo, params, key, num_envs)`` steps ``num_envs`` fresh environments (their own
 ``BatchedEnv``, never the training batch) with the algorithm's greedy action (PPO: argmax of the
-logits, or a sample with ``greedy=False``; DQN: argmax Q, no exploration) for as many steps as the
+logits, or a sample with ``greedy=False``; DQN: argmax Q, no exploration; a recurrent policy
+carries its hidden state from step to step, reset at each episode end) for as many steps as the
 environment's time limit, so every environment finishes its first episode, and returns that
 episode's mean return and length, and each episode's return (``eval_episode_returns
 [num_envs]``). With per-replica parameters (local/adaptive sync) replica 0 is evaluated. With
@@ -50,22 +51,32 @@ class Evaluator:
         reset_key, steps_key = jax.random.split(key)
         batch = self.env.reset(reset_key)
         num_envs = self.env.num_envs
+        # A recurrent policy's state, reset to its episode-start value after every episode end.
+        fresh = self.algo.eval_memory(num_envs)
 
         def step(carry, step_key):
-            batch, total, length, finished = carry
+            batch, total, length, finished, memory = carry
             act_key, env_key = jax.random.split(step_key)
-            action = self.algo.eval_action(params, batch.obs, act_key, self.greedy, **stats)
+            if memory is None:
+                action = self.algo.eval_action(params, batch.obs, act_key, self.greedy, **stats)
+            else:
+                action, memory = self.algo.eval_action(
+                    params, batch.obs, act_key, self.greedy, **stats, memory=memory
+                )
             batch, tr = self.env.step(env_key, batch, action)
+            if memory is not None:
+                ended = (tr.terminated | tr.truncated).reshape(-1, *[1] * (memory.ndim - 1))
+                memory = jnp.where(ended, fresh, memory)
             live = jnp.logical_not(finished)
             total = total + jnp.where(live, tr.reward, 0.0)
             length = length + live.astype(jnp.int32)
             finished = finished | tr.terminated | tr.truncated
-            return (batch, total, length, finished), None
+            return (batch, total, length, finished, memory), None
 
         zeros = jnp.zeros(num_envs, jnp.float32)
-        carry = (batch, zeros, jnp.zeros(num_envs, jnp.int32), jnp.zeros(num_envs, bool))
+        carry = (batch, zeros, jnp.zeros(num_envs, jnp.int32), jnp.zeros(num_envs, bool), fresh)
         keys = jax.random.split(steps_key, self.num_steps)
-        (_, total, length, finished), _ = jax.lax.scan(step, carry, keys)
+        (_, total, length, finished, _), _ = jax.lax.scan(step, carry, keys)
         return {
             "eval_return": total.mean(),
             "eval_length": length.astype(jnp.float32).mean(),

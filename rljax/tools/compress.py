@@ -323,6 +323,10 @@ def inference_speed(algo, params, variant: Variant, obs, obs_stats, repeats: int
     template = jax.device_get(params)
     extra = {} if obs_stats is None else {"obs_stats": obs_stats}
 
+    memory = algo.eval_memory(obs.shape[0])  # a recurrent policy: one step from the start
+    if memory is not None:
+        extra["memory"] = memory
+
     @jax.jit
     def act(stored, obs):
         p = unflatten_like(template, variant.decode(stored))

@@ -103,6 +103,14 @@ def export_run(args: ExportArgs, say=print) -> Path:
     from rljax.tools.runs import load_run
 
     check_args(args)
+    from rljax.tools.runs import read_run
+
+    _, config, _ = read_run(args.run_dir, "export")
+    if getattr(config, "recurrent", "none") != "none":
+        raise ConfigError(
+            f"cannot export {args.run_dir!r}: a recurrent policy (recurrent={config.recurrent!r}) "
+            "is not exportable yet; rljax eval and rljax compress take it"
+        )
     loaded = load_run(args.run_dir, args.step, verb="export")
     if args.seed_index >= loaded.run.num_seeds:
         raise ConfigError(

@@ -54,9 +54,15 @@ def render_episode(loaded, path: str, seed: int, max_steps: int = 500) -> dict:
     stats = obs_stats_of(state)
     env, env_params = gymnax.make(loaded.algo_config.env)
     key = jax.random.fold_in(jax.random.key(seed), 0x7E4D)
-    act = jax.jit(
-        lambda p, o, k, s: algo.eval_action(p, o.reshape(1, -1), k, True, **s)[0]
-    )
+    memory = algo.eval_memory(1)  # a recurrent policy carries its hidden state
+
+    @jax.jit
+    def act(p, o, k, s, memory):
+        if memory is None:
+            return algo.eval_action(p, o.reshape(1, -1), k, True, **s)[0], None
+        action, memory = algo.eval_action(p, o.reshape(1, -1), k, True, **s, memory=memory)
+        return action[0], memory
+
     step = jax.jit(env.step, static_argnums=())
     key, reset_key = jax.random.split(key)
     obs, env_state = env.reset(reset_key, env_params)
@@ -64,7 +70,7 @@ def render_episode(loaded, path: str, seed: int, max_steps: int = 500) -> dict:
     for _ in range(max_steps):
         key, act_key, step_key = jax.random.split(key, 3)
         extra = {} if stats is None else {"obs_stats": stats}
-        action = act(params, obs, act_key, extra)
+        action, memory = act(params, obs, act_key, extra, memory)
         obs, next_state, reward, terminated, truncated, _ = step(
             step_key, env_state, action, env_params
         )

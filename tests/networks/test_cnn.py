@@ -92,11 +92,11 @@ def spec_of(array):
 
 def test_image_envs_and_their_shapes_match_gymnax():
     """The static table (checked before JAX starts) is the rank-3 observations of gymnax."""
-    import gymnax
+    from rljax.envs.wrappers import make
 
     rank3 = {}
     for name in DISCRETE_ENVS:
-        env, params = gymnax.make(name)
+        env, params = make(name)
         shape = tuple(env.observation_space(params).shape)
         if len(shape) == 3:
             rank3[name] = shape
