@@ -37,6 +37,7 @@ from experiments.bench_harness import (  # noqa: E402
     CURVE_COLUMNS,
     REPO_ROOT,
     curve_study_main,
+    curve_study_outputs,
     curve_window,
     log,
     markdown_table,
@@ -100,7 +101,7 @@ def run_study(policy: str, argv: list[str]) -> dict:
         argv += ["--seeds", "0", "1", "2"]
     if "--out" not in argv and "--quick" not in argv:
         argv += ["--out", str(RESULTS / f"{NAME}_{policy}")]
-    return curve_study_main(
+    report = curve_study_main(
         name=f"{NAME}_{policy}",
         doc=__doc__,
         title=TITLES[policy],
@@ -112,6 +113,16 @@ def run_study(policy: str, argv: list[str]) -> dict:
         return_range=(0.0, 500.0),
         argv=argv,
     )
+    if "--quick" not in argv and "--replot" not in argv:
+        name_script(report, RESULTS / f"{NAME}_{policy}")
+    return report
+
+
+def name_script(report: dict, stem: Path) -> None:
+    """The study's files name this script (``curve_study_main`` names ``<name>.py``)."""
+    report["script"] = f"experiments/{NAME}.py"
+    write_json_compact(stem.with_suffix(".json"), stem.name, report)
+    curve_study_outputs(report, stem)
 
 
 def combine(reports: dict[str, dict], stem: Path) -> str:

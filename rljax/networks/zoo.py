@@ -173,7 +173,9 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
     ``activation``, optionally ``torso_widths``, and the ``NetworkSettings``): ``obs: [B@batch,
     D]`` -> ``(logits [B@batch, A], value [B@batch])`` float32, and ``.value(obs)``; for a
     continuous action space (``spec.continuous``) ``(mean, log_std) [B@batch, A]`` in place of
-    the logits (the image networks are discrete-only: the image environments are)."""
+    the logits (the image networks are discrete-only: the image environments are). With
+    ``recurrent="gru"`` a ``RecurrentActorCritic``, whose steps also take and return the hidden
+    state ``[B@batch, gru_width]``."""
     c = config
     network = getattr(c, "network", "mlp")
     common = dict(
