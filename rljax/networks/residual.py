@@ -139,6 +139,10 @@ class ResidualTower(nn.Module):
         layer = lambda p, h: block.apply({"params": p}, h)  # noqa: E731
         layer = jax.checkpoint(layer) if self.remat_blocks else layer
         params = nn.meta.unbox(self.variables["params"]["blocks"])
+        # Upcast for the pipeline: XLA:CPU (jaxlib 0.10) fails a check compiling the GPipe
+        # program's bfloat16 parameter gradients. The blocks upcast them anyway (float32 norms,
+        # float32 or bfloat16 matmuls, whose bfloat16 cast of a float32 copy is exact).
+        params = jax.tree.map(lambda p: p.astype(jnp.float32), params)
         return pipeline(layer, params, x, self.pipeline_microbatches)
 
 
