@@ -13,12 +13,14 @@ temporaries per device, steps/s, GPipe's bubble ``(S-1)/(M+S-1)`` and a measured
 one device). Measured bubble: ``1 - t_stage / t_pipe``, with ``t_stage`` the time of one stage's
 share of the work (``depth/S`` blocks, the whole batch, forward and backward) on one device and
 ``t_pipe`` the pipelined step; on emulated devices all stages share the machine's cores, so this
-is an upper bound of what separate chips would show. Writes experiments/results/pipeline.{md,json}.
+is an upper bound of what separate chips would show. Writes
+experiments/results/pipeline.{md,json,png} (``--replot``: only the .png, from the .json).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -156,6 +158,31 @@ def measure(spec: str, args, boxed, obs, reference, microbatches: int) -> dict:
     return row
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Per mesh: the blocks' parameter MiB per device, steps/s, and both bubbles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['mesh']}\nM={r['microbatches']}" for r in rows]
+    x = np.arange(len(rows))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].bar(x, [r["block_param_bytes_per_device"] / 2**20 for r in rows])
+    axes[0].set_ylabel("tower blocks, MiB per device")
+    axes[1].bar(x, [r["steps_per_s"] for r in rows], color="tab:green")
+    axes[1].set_ylabel("training steps/s (emulated CPU devices)")
+    axes[2].bar(x - 0.2, [r["bubble_gpipe"] for r in rows], 0.4, label="GPipe (S-1)/(M+S-1)")
+    axes[2].bar(x + 0.2, [r["bubble_measured"] for r in rows], 0.4, label="measured")
+    axes[2].set_ylabel("bubble fraction")
+    axes[2].legend()
+    for ax in axes:
+        ax.set_xticks(x, labels, rotation=45, ha="right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes, results to a temp dir")
@@ -164,7 +191,12 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--replot", action="store_true", help="only redraw the .png from the .json")
     args = p.parse_args(argv)
+    if args.replot:
+        results = Path(__file__).parent / "results"
+        plot(json.loads((results / "pipeline.json").read_text())["rows"], results / "pipeline.png")
+        return
     if args.quick:
         args.depth, args.width, args.batch, args.microbatches, args.repeats = 4, 16, 16, 4, 2
     # SiLU, not the default ReLU: smooth, so the gradients compare. With ReLU a pre-activation
@@ -225,6 +257,7 @@ def main(argv=None) -> None:
         NOTES,
     ]
     (out_dir / "pipeline.md").write_text("\n".join(text))
+    plot(rows, out_dir / "pipeline.png")
     print("\n".join(text))
 
 
