@@ -173,3 +173,17 @@ def test_pipeline_with_bfloat16_parameters():
         got = jax.jit(jax.grad(lambda p: loss(net, p, obs)))(params)
     assert jax.tree.leaves(got)[0].dtype == jnp.bfloat16
     chex.assert_trees_all_close(unstacked(got), want, atol=1e-2, rtol=1e-2)
+
+
+def test_plan_reports_stages_bubble_and_stacked_bytes():
+    from rljax import RunConfig
+    from rljax.run.plan import plan
+
+    p = plan(tiny_ppo(pipeline_microbatches=4), RunConfig.make(mesh="data=2,stage=2"))
+    pipe = p.as_dict()["pipeline"]
+    assert (pipe["stages"], pipe["microbatches"]) == (2, 4)
+    assert pipe["bubble"] == pytest.approx(1 / 5)
+    # width 8, expansion 2, depth 2, two towers, float32; half the blocks per device
+    per_block = (8 + 8) + (8 * 16 + 16) + (16 * 8 + 8)
+    assert pipe["stacked_param_bytes"] == 2 * 2 * per_block * 4 // 2
+    assert "pipeline: 2 stages x 4 microbatches" in p.table()
