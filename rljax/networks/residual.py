@@ -17,6 +17,10 @@ Rematerialisation (``remat``): ``"block"`` wraps each ``ResidualBlock`` in ``nn.
 backward pass keeps only each block's input ``[B, width]`` and recomputes its LayerNorm and its
 ``[B, width * expansion]`` hidden activation; ``"full"`` wraps each tower, keeping only the
 observation. Gradients are unchanged; the backward pass does one more forward's matmuls.
+
+Pipelining (``pipeline_microbatches >= 1``): the blocks' parameters are stacked under
+``blocks`` (leaves ``[depth@layers, ...]``) and run by ``rljax.parallel.pipeline``: sequentially
+without a ``stage`` mesh axis, as a GPipe pipeline of that many microbatches with one.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -39,6 +44,7 @@ from rljax.networks.mlp import (
     q_heads,
     remat_if,
 )
+from rljax.parallel.pipeline import LAYERS, pipeline
 from rljax.parallel.rules import constrain
 
 
@@ -88,6 +94,7 @@ class ResidualTower(nn.Module):
     dtype: Any = None
     param_dtype: Any = jnp.float32
     remat_blocks: bool = False  # rematerialise each block from its input
+    pipeline_microbatches: int = 0  # >= 1: stacked blocks, pipelined over the stage axis
 
     @nn.compact
     def __call__(self, obs):
@@ -98,6 +105,9 @@ class ResidualTower(nn.Module):
             x
         )
         x = constrain(x.astype(jnp.float32), "batch", "activation_embed")
+        if self.pipeline_microbatches:
+            x = self.stacked_blocks(x)
+            return layer_norm("final_norm", self.param_dtype)(x)
         block = remat_if(ResidualBlock, self.remat_blocks)
         for i in range(self.depth):
             x = block(
@@ -109,6 +119,31 @@ class ResidualTower(nn.Module):
                 name=f"block_{i}",
             )(x)
         return layer_norm("final_norm", self.param_dtype)(x)
+
+    def stacked_blocks(self, x):
+        """``x: [B@batch, width]`` through the ``depth`` blocks stacked under ``blocks``."""
+        fields = (self.width, self.expansion, self.activation, self.initializer, self.dtype)
+        fields = (*fields, self.param_dtype)
+        if self.is_initializing():
+            # A scan, not a vmap: a vmapped orthogonal init is a batched LAPACK QR, whose CPU
+            # kernel in jaxlib 0.10 can deadlock in its thread pool (seen on 2 cores).
+            stacked = nn.scan(
+                lambda block, h, _: (block(h), None),
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                length=self.depth,
+                metadata_params={nn.PARTITION_NAME: LAYERS},
+            )
+            stacked(ResidualBlock(*fields, name="blocks"), x, None)
+        block = ResidualBlock(*fields, parent=None)
+        layer = lambda p, h: block.apply({"params": p}, h)  # noqa: E731
+        layer = jax.checkpoint(layer) if self.remat_blocks else layer
+        params = nn.meta.unbox(self.variables["params"]["blocks"])
+        # Upcast for the pipeline: XLA:CPU (jaxlib 0.10) fails a check compiling the GPipe
+        # program's bfloat16 parameter gradients. The blocks upcast them anyway (float32 norms,
+        # float32 or bfloat16 matmuls, whose bfloat16 cast of a float32 copy is exact).
+        params = jax.tree.map(lambda p: p.astype(jnp.float32), params)
+        return pipeline(layer, params, x, self.pipeline_microbatches)
 
 
 class ResidualActorCritic(nn.Module):
@@ -129,13 +164,15 @@ class ResidualActorCritic(nn.Module):
     param_dtype: str = "float32"
     remat: str = "none"  # none | block | full
     continuous: bool = False  # a Gaussian policy head instead of logits
+    pipeline_microbatches: int = 0  # >= 1: stacked blocks, pipelined over the stage axis
 
     def setup(self):
         dtype, pdtype = compute_dtype_of(self.compute_dtype), param_dtype_of(self.param_dtype)
         shape = (self.width, self.depth, self.expansion, self.activation, "orthogonal", dtype)
         tower = remat_if(ResidualTower, check_remat(self.remat) == "full")
-        self.actor = tower(*shape, pdtype, self.remat == "block")
-        self.critic = tower(*shape, pdtype, self.remat == "block")
+        shape = (*shape, pdtype, self.remat == "block", self.pipeline_microbatches)
+        self.actor = tower(*shape)
+        self.critic = tower(*shape)
         self.policy_head = policy_head(self.num_actions, self.continuous, "embed", dtype, pdtype)
         self.value_head = head(1, "embed", "value", 1.0, "value_head", dtype=dtype, pdtype=pdtype)
 
@@ -165,6 +202,7 @@ class ResidualQNetwork(nn.Module):
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
     remat: str = "none"  # none | block | full
+    pipeline_microbatches: int = 0  # >= 1: stacked blocks, pipelined over the stage axis
 
     @nn.compact
     def __call__(self, obs):
@@ -178,6 +216,7 @@ class ResidualQNetwork(nn.Module):
             dtype,
             pdtype,
             self.remat == "block",
+            self.pipeline_microbatches,
             name="tower",
         )(obs)
         init = self.initializer

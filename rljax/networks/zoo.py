@@ -23,6 +23,7 @@ from rljax.networks.mlp import (
 )
 from rljax.networks.recurrent import RecurrentActorCritic
 from rljax.networks.residual import ResidualActorCritic, ResidualQNetwork
+from rljax.parallel.pipeline import check_pipeline
 
 NETWORKS = ("mlp", "residual", "cnn")
 RECURRENT = ("none", "gru")
@@ -43,6 +44,10 @@ class NetworkSettings:
     residual_expansion: int = 4
     """network=residual: a block's hidden width is residual_width * residual_expansion, split over
     the model axis."""
+    pipeline_microbatches: int = 0
+    """network=residual: 0 keeps each block's parameters apart; >= 1 stacks every tower's blocks
+    ([residual_depth, ...], split over the mesh's stage axis) and, on a mesh with stage > 1, runs
+    them as a GPipe pipeline of this many microbatches (it must divide each per-replica batch)."""
     cnn_channels: tuple[int, ...] = (16,)
     """network=cnn: output channels of each convolution (stride 1, SAME padding, ReLU), split over
     the model axis."""
@@ -96,6 +101,34 @@ def check_network(config, mlp_shards: int, algorithm: str = "", recurrent_ok: bo
         check_cnn(config, mlp_shards)
     if config.network == "residual" or (config.network, config.cnn_head) == ("cnn", "residual"):
         check_residual(config, mlp_shards)
+    microbatches = getattr(config, "pipeline_microbatches", 0)
+    if microbatches < 0 or (microbatches and config.network != "residual"):
+        raise ConfigError(
+            f"pipeline_microbatches={microbatches}: use 0 (no pipeline) or, with "
+            f"network=residual (here {config.network!r}), a number of microbatches >= 1"
+        )
+
+
+def check_stages(config, stages: int, batch_shards: int) -> None:
+    """A mesh with ``stages > 1`` pipeline stages: ``network="residual"`` with
+    ``pipeline_microbatches >= 1`` dividing every per-replica batch (environments, minibatch),
+    and ``residual_depth`` a multiple of ``stages``."""
+    if stages == 1:
+        return
+    if config.network != "residual":
+        raise ConfigError(
+            f"a mesh with stage={stages} pipelines the residual tower's blocks; network="
+            f"{config.network!r} has none: use network=residual or a mesh without stage"
+        )
+    microbatches = getattr(config, "pipeline_microbatches", 0)
+    if microbatches < 1:
+        raise ConfigError(
+            f"a mesh with stage={stages} needs pipeline_microbatches >= 1 (the microbatches "
+            "streamed through the stages), e.g. --pipeline-microbatches 4"
+        )
+    names = ("num_envs", "minibatch_size", "batch_size")
+    batches = {n: getattr(config, n) // batch_shards for n in names if hasattr(config, n)}
+    check_pipeline(config.residual_depth, microbatches, stages, batches)
 
 
 def check_recurrent(config, algorithm: str, recurrent_ok: bool) -> None:
@@ -233,6 +266,7 @@ def residual_fields(config) -> dict:
         width=config.residual_width,
         depth=config.residual_depth,
         expansion=config.residual_expansion,
+        pipeline_microbatches=getattr(config, "pipeline_microbatches", 0),
     )
 
 

@@ -6,7 +6,8 @@
         mesh.dim_shards(P("batch", None))   # pieces of each dimension of an array
 
 The shapes are every factorisation of the device count over ``MESH_AXES`` (whatever axes the
-mesh module declares), so the planner never names a mesh axis itself.
+mesh module declares) but ``stage``, so the planner never names a mesh axis itself. ``stage``
+stays 1: pipelining changes the network's parameter layout, which the config opts into.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from jax.sharding import PartitionSpec
 
 from rljax.parallel.mesh import MESH_AXES
+from rljax.parallel.pipeline import STAGE_AXIS
 from rljax.parallel.rules import Rules, as_rules
 
 
@@ -76,7 +78,8 @@ def candidates(num_devices: int, rules) -> list[Candidate]:
     """Every mesh shape over exactly ``num_devices`` devices (all axes of ``MESH_AXES``), with
     ``rules`` (a rules table or mapping)."""
     rules = as_rules(rules)
+    axes = tuple(a for a in MESH_AXES if a != STAGE_AXIS)
     return [
-        Candidate(tuple(zip(MESH_AXES, shape, strict=True)), rules)
-        for shape in _factorisations(max(int(num_devices), 1), len(MESH_AXES))
+        Candidate(tuple(zip(axes, shape, strict=True)), rules)
+        for shape in _factorisations(max(int(num_devices), 1), len(axes))
     ]

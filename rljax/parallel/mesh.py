@@ -1,9 +1,10 @@
 """Device meshes from a spec string such as ``data=2,model=2``, and emulated CPU devices.
 
-Every rljax mesh has the same three axes: ``data`` (environment batch, seeds, gradient averaging
+Every rljax mesh has the same four axes: ``data`` (environment batch, seeds, gradient averaging
 between replicas), ``fsdp`` (the batch as well, and parameters, gradients and optimizer moments
-split ZeRO-3 style) and ``model`` (tensor-parallel network weights). An axis left out of the spec
-has size 1, so code never needs to ask whether an axis exists.
+split ZeRO-3 style), ``stage`` (pipeline stages: consecutive residual blocks) and ``model``
+(tensor-parallel network weights). An axis left out of the spec has size 1, so code never needs
+to ask whether an axis exists.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from jax.sharding import AxisType, Mesh
 
 from rljax.errors import ConfigError
 
-MESH_AXES = ("data", "fsdp", "model")
+MESH_AXES = ("data", "fsdp", "stage", "model")
+# Axes a spec shows only when they split something (the others always: data=1,model=1).
+OPTIONAL_AXES = ("fsdp", "stage")
 DEFAULT_MESH = "data=1,model=1"
 
 # Auto axis types: parameters and the environment batch carry explicit NamedShardings and the
@@ -78,7 +81,7 @@ def resolve_mesh_shape(spec: str, num_devices: int) -> dict[str, int]:
 
 
 def make_mesh(spec: str = DEFAULT_MESH, devices=None) -> Mesh:
-    """A ``(data, fsdp, model)`` mesh over the first ``prod(sizes)`` of ``devices`` (all)."""
+    """A ``(data, fsdp, stage, model)`` mesh over the first ``prod(sizes)`` of ``devices`` (all)."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = resolve_mesh_shape(spec, len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
@@ -88,8 +91,11 @@ def make_mesh(spec: str = DEFAULT_MESH, devices=None) -> Mesh:
 
 
 def mesh_spec_of(mesh: Mesh) -> str:
-    """``data=2,model=2``; ``fsdp`` only when it splits something (``data=2,fsdp=2,...``)."""
-    return ",".join(f"{a}={mesh.shape[a]}" for a in MESH_AXES if a != "fsdp" or mesh.shape[a] > 1)
+    """``data=2,model=2``; ``fsdp`` and ``stage`` only when they split something
+    (``data=2,fsdp=2,...``)."""
+    return ",".join(
+        f"{a}={mesh.shape[a]}" for a in MESH_AXES if a not in OPTIONAL_AXES or mesh.shape[a] > 1
+    )
 
 
 def _backends_initialized() -> bool:

@@ -31,6 +31,7 @@ RULES: Rules = (
     ("seed", None),  # vmapped independent seeds / sweep members
     ("embed", "fsdp"),  # parameter: feature axis entering / leaving a tensor-parallel block
     ("mlp", "model"),  # parameter: the tensor-parallel width of a column- then row-split block
+    ("layers", "stage"),  # parameter: stacked residual blocks, consecutive ones per pipeline stage
     ("actions", None),  # parameter: policy / Q head outputs
     ("value", None),  # parameter: the critic's scalar output
     ("recurrent", None),  # parameter: a recurrent cell's width, replicated (docs/architecture.md)

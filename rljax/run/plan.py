@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec
 from rljax.errors import ConfigError
 from rljax.parallel import mesh_spec_of
 from rljax.parallel.candidates import Candidate, candidates
+from rljax.parallel.pipeline import bubble_fraction
 from rljax.run import memory
 from rljax.run.config import RunConfig
 from rljax.run.sharded import ShardedRun, algorithm_name, prepare, resolve_algorithm
@@ -80,6 +81,7 @@ class Plan:
     suggestion: tuple[str, int] | None = None
     available_devices: int = 1
     hints: tuple[str, ...] = ()
+    pipeline: dict[str, Any] | None = None  # stages, microbatches, bubble, stacked_param_bytes
 
     @property
     def temporaries(self) -> int:
@@ -121,6 +123,7 @@ class Plan:
             "fits": self.fits,
             "suggested_mesh": None if self.suggestion is None else self.suggestion[0],
             "compile_seconds": {k: round(v, 3) for k, v in self.compile_seconds.items()},
+            "pipeline": self.pipeline,
         }
 
     def table(self) -> str:
@@ -144,6 +147,13 @@ class Plan:
                 f"temporaries {h(p['temp'])} + code {h(p['generated_code'])})"
             )
         lines.append(f"    {'needed':<26}{h(self.total):>10}")
+        if self.pipeline:
+            pl = self.pipeline
+            lines.append(
+                f"  pipeline: {pl['stages']} stages x {pl['microbatches']} microbatches, GPipe "
+                f"bubble (S-1)/(M+S-1) = {pl['bubble']:.3f}; stacked blocks "
+                f"{h(pl['stacked_param_bytes'])} of parameters per device"
+            )
         big = self.largest
         if big:
             shape = ", ".join(str(d) for d in big["shape"])
@@ -252,6 +262,26 @@ def _largest(leaves) -> dict[str, Any]:
     return best
 
 
+def _pipeline(sharded, leaves) -> dict[str, Any] | None:
+    """Stages, microbatches, GPipe's bubble and the stacked blocks' parameter bytes per device,
+    when the layout pipelines (``layers`` split); else ``None``."""
+    stages = sharded.layout.shards("layers")
+    microbatches = getattr(sharded.algo.config, "pipeline_microbatches", 0)
+    if stages == 1 or not microbatches:
+        return None
+    stacked = sum(
+        memory.shard_bytes(leaf.shape, leaf.dtype, leaf.sharding)
+        for path, field, leaf, _ in leaves
+        if field == "params" and "'blocks'" in jax.tree_util.keystr(path)
+    )
+    return {
+        "stages": stages,
+        "microbatches": microbatches,
+        "bubble": bubble_fraction(stages, microbatches),
+        "stacked_param_bytes": int(stacked),
+    }
+
+
 def _on_candidate(leaves, mesh: Candidate) -> dict[str, int]:
     """Per-device bytes of each state part on ``mesh``: every leaf's shard (a per-replica axis
     has one entry per replica of ``mesh``)."""
@@ -334,6 +364,7 @@ def plan_of(sharded, algorithm: str, run: RunConfig) -> Plan:
         budget_source=source,
         compile_seconds=dict(sharded.compile_seconds),
         available_devices=jax.device_count(),
+        pipeline=_pipeline(sharded, leaves),
     )
     if plan.fits:
         return plan

@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.algos import ALGORITHMS, Algorithm
 from rljax.errors import ConfigError
+from rljax.networks.zoo import check_stages
 from rljax.parallel import Layout, make_mesh, set_num_cpu_devices
 from rljax.parallel.rules import RULES, Rules, prepend_axis, seeds_on
 from rljax.parallel.sync import validate_layout
@@ -260,7 +261,9 @@ class ShardedRun:
 def check_layout(algo, layout: Layout) -> None:
     """What the layout asks of a built algorithm: its sync strategy composes with the mesh
     (``fsdp``), and every parameter axis splits evenly over the mesh axes its logical name maps
-    to (network widths and channels vs ``fsdp``/``model``). ``ConfigError`` otherwise."""
+    to (network widths and channels vs ``fsdp``/``model``), and a pipelined mesh suits the network
+    (``zoo.check_stages``). ``ConfigError`` otherwise."""
+    check_stages(algo.config, layout.shards("layers"), layout.shards("batch"))
     sync = getattr(algo.config, "sync", None)
     if sync is not None:
         validate_layout(sync, layout)
