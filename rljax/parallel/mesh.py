@@ -90,6 +90,12 @@ def make_mesh(spec: str = DEFAULT_MESH, devices=None) -> Mesh:
     )
 
 
+def shape_record(mesh: Mesh) -> dict[str, int]:
+    """``{axis: size}`` for records (checkpoint layouts): ``stage`` only when it splits, so a
+    record reads as it did before that axis existed."""
+    return {str(a): int(n) for a, n in mesh.shape.items() if a != "stage" or n > 1}
+
+
 def mesh_spec_of(mesh: Mesh) -> str:
     """``data=2,model=2``; ``fsdp`` and ``stage`` only when they split something
     (``data=2,fsdp=2,...``)."""

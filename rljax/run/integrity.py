@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rljax.parallel.mesh import shape_record
+
 MANIFEST_NAME = "rljax_manifest.json"
 FORMAT_VERSION = 1
 _TMP_DIR = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
@@ -152,7 +154,7 @@ def layout_record(state) -> dict:
     ]
     return {
         "format": FORMAT_VERSION,
-        "mesh": {str(a): int(n) for a, n in meshes[0].shape.items()} if meshes else None,
+        "mesh": shape_record(meshes[0]) if meshes else None,
         "leaves": [
             {
                 "path": jax.tree_util.keystr(path),

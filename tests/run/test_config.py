@@ -60,9 +60,11 @@ def test_mesh_spec_errors():
         parse_mesh_spec("data=2,pipe=2")
     with pytest.raises(ConfigError, match="at most one axis may be -1"):
         parse_mesh_spec("data=-1,model=-1")
-    assert parse_mesh_spec("model=2") == {"data": 1, "fsdp": 1, "model": 2}
-    assert dict(make_mesh("data=-1,model=2").shape) == {"data": 4, "fsdp": 1, "model": 2}
-    assert dict(make_mesh("fsdp=-1,model=2").shape) == {"data": 1, "fsdp": 4, "model": 2}
+    assert parse_mesh_spec("model=2") == {"data": 1, "fsdp": 1, "stage": 1, "model": 2}
+    shape = {"data": 4, "fsdp": 1, "stage": 1, "model": 2}
+    assert dict(make_mesh("data=-1,model=2").shape) == shape
+    shape = {"data": 1, "fsdp": 4, "stage": 1, "model": 2}
+    assert dict(make_mesh("fsdp=-1,model=2").shape) == shape
 
 
 def test_emulating_devices_after_jax_started_says_so():
