@@ -355,6 +355,11 @@ def leaf_path(path) -> str:
     return "/".join(parts[1:] if parts and parts[0] == "params" else parts)
 
 
+def flat_leaves(tree) -> dict[str, jax.Array]:
+    """``{leaf_path: leaf}`` of ``tree`` (the inverse of ``with_leaves``)."""
+    return {leaf_path(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
 def with_leaves(tree, leaves: dict[str, jax.Array]):
     """``tree`` with the leaves named in ``leaves`` (by ``leaf_path``) replaced."""
     return jax.tree_util.tree_map_with_path(

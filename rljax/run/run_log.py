@@ -49,13 +49,13 @@ def default_run_name(algo: str, env: str) -> str:
     return f"{algo}-{env}-{stamp}"
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Replace ``path`` by ``text`` all at once: written to a temporary file beside it, synced,
-    then renamed over it, so a failure (``OSError``) leaves the old file as it was."""
+def write_text_atomic(path: str | Path, text: str | bytes) -> None:
+    """Replace ``path`` by ``text`` (or bytes) all at once: written to a temporary file beside
+    it, synced, then renamed over it, so a failure (``OSError``) leaves the old file as it was."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

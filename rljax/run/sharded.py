@@ -148,6 +148,7 @@ class ShardedRun:
         else:
             self._update, self._init = algo.update, algo.init
         self._init_jit = jax.jit(self._init_from_seed_key, out_shardings=self.state_shardings)
+        self._init_params_jit = jax.jit(self._init_from_params, out_shardings=self.state_shardings)
         # Metrics replicated: every process can read them (multi-host) without a gather.
         replicated = NamedSharding(mesh, PartitionSpec())
         self._chunk_jit = jax.jit(
@@ -202,8 +203,7 @@ class ShardedRun:
         with self.layout.active():
             if not params:
                 return self._init_jit(replicate(self.mesh, key))
-            init = jax.jit(self._init_from_params, out_shardings=self.state_shardings)
-            return init(*replicate(self.mesh, (key, params)))
+            return self._init_params_jit(*replicate(self.mesh, (key, params)))
 
     def _init_from_params(self, key, params):
         def one(k):

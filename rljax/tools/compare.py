@@ -106,6 +106,8 @@ def check_args(args: CompareArgs) -> None:
 
 def compare(args: CompareArgs, say=print) -> dict:
     """Aggregate every group (see the module doc); the report, also written to ``args.out``."""
+    from rljax.run.run_log import write_text_atomic
+
     check_args(args)
     names = list(args.names or args.patterns)
     groups = {
@@ -126,30 +128,21 @@ def compare(args: CompareArgs, say=print) -> dict:
             low, high = stats.bootstrap_ci(fn, strata, args.reps)
             entry[stat_name] = {"value": fn(scores), "ci": [low, high]}
         entry["profile"] = stats.performance_profile(scores, taus).tolist()
-        entry["profile_ci"] = profile_band(strata, taus, args.reps)
+        low, high = stats.bootstrap_ci(
+            lambda x: stats.performance_profile(x, taus), strata, args.reps
+        )
+        entry["profile_ci"] = np.stack([low, high], axis=1).tolist()
         entry["scores"] = scores.tolist()
         report["groups"][name] = entry
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)
-    (out / "compare.md").write_text(table + "\n")
+    write_text_atomic(out / "compare.json", json.dumps(report, indent=2) + "\n")
+    write_text_atomic(out / "compare.md", table + "\n")
     plot(report, groups, out / "compare.png")
     say(table)
     say(f"wrote {out / 'compare.md'}, compare.json and compare.png")
     return report
-
-
-def profile_band(strata, taus, reps: int) -> list[list[float]]:
-    """``[[low, high]] * len(taus)``: 95 % bootstrap band of the performance profile."""
-    groups = [np.asarray(s, np.float64) for s in strata]
-    rng = np.random.default_rng(0)
-    samples = np.empty((reps, len(taus)))
-    for r in range(reps):
-        x = np.concatenate([g[rng.integers(0, g.size, g.size)] for g in groups])
-        samples[r] = stats.performance_profile(x, taus)
-    low, high = np.quantile(samples, [0.025, 0.975], axis=0)
-    return np.stack([low, high], axis=1).tolist()
 
 
 def markdown(report: dict) -> str:

@@ -26,9 +26,9 @@ kernels are decoded inside the jitted function, as a deployment would). Writes
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
-from pathlib import Path
 from typing import Annotated
 
 import jax
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import tyro
 
-from rljax.algos.base import leaf_path
+from rljax.algos.base import flat_leaves, with_leaves
 from rljax.errors import ConfigError
 
 INFERENCE_BATCH = 1024
@@ -124,7 +124,7 @@ class Variant:
 
 
 def flat_params(params) -> dict[str, np.ndarray]:
-    return {leaf_path(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    return {p: np.asarray(x) for p, x in flat_leaves(params).items()}
 
 
 def variants(params, args: CompressArgs) -> list[Variant]:
@@ -169,10 +169,6 @@ def variants(params, args: CompressArgs) -> list[Variant]:
     return out
 
 
-def unflatten_like(params, flat: dict):
-    return jax.tree_util.tree_map_with_path(lambda p, x: flat[leaf_path(p)], params)
-
-
 def kernel_sparsity(params) -> float:
     """The fraction of the prunable kernels' weights (outside the heads) that are 0."""
     kernels = [x for p, x in flat_params(params).items() if is_prunable(p)]
@@ -183,7 +179,7 @@ def compress_run(args: CompressArgs, say=print) -> dict:
     """Build, evaluate and time every variant of ``args.run_dir``'s policy (see the module
     doc); the report, also written to ``RUN_DIR/compress.json`` and ``compress.md``."""
     from rljax.run.evaluation import Evaluation, obs_stats_of
-    from rljax.tools.evaluate import write_json
+    from rljax.run.run_log import write_text_atomic
     from rljax.tools.runs import load_run
     from rljax.tools.stats import summarise
 
@@ -212,7 +208,7 @@ def compress_run(args: CompressArgs, say=print) -> dict:
         decoded = []
         for p, vs in zip(originals, encoded, strict=True):
             (v,) = [v for v in vs if v.name == name]
-            decoded.append(unflatten_like(p, v.decode(v.stored)))
+            decoded.append(with_leaves(p, v.decode(v.stored)))
         if variant.name.endswith("+ft"):
             decoded = [tuner.tune(p, seed=i) for i, p in enumerate(decoded)]
         params = _as_layout(decoded, state.params, seeds)
@@ -241,8 +237,8 @@ def compress_run(args: CompressArgs, say=print) -> dict:
         "inference_batch": INFERENCE_BATCH,
         "rows": rows,
     }
-    write_json(loaded.run_dir / "compress.json", report)
-    (loaded.run_dir / "compress.md").write_text(markdown(report) + "\n")
+    write_text_atomic(loaded.run_dir / "compress.json", json.dumps(report, indent=2) + "\n")
+    write_text_atomic(loaded.run_dir / "compress.md", markdown(report) + "\n")
     say(f"wrote {loaded.run_dir / 'compress.json'} and compress.md")
     return report
 
@@ -329,7 +325,7 @@ def inference_speed(algo, params, variant: Variant, obs, obs_stats, repeats: int
 
     @jax.jit
     def act(stored, obs):
-        p = unflatten_like(template, variant.decode(stored))
+        p = with_leaves(template, variant.decode(stored))
         return algo.eval_action(p, obs, jax.random.key(0), True, **extra)
 
     stored = jax.device_put(variant.stored)
@@ -374,6 +370,3 @@ def markdown(report: dict) -> str:
         )
     return "\n".join(lines)
 
-
-def write_markdown(path: Path, report: dict) -> None:
-    path.write_text(markdown(report) + "\n")

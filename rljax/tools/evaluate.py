@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -60,7 +59,10 @@ def check_args(args: EvalArgs) -> None:
 
 def evaluate_run(args: EvalArgs, say=print) -> dict:
     """Evaluate ``args.run_dir`` (see the module doc); the report written to ``eval.json``."""
+    import jax
+
     from rljax.run.evaluation import Evaluation
+    from rljax.run.run_log import write_text_atomic
     from rljax.tools import render as render_lib
     from rljax.tools.runs import load_run
     from rljax.tools.stats import summarise
@@ -74,7 +76,7 @@ def evaluate_run(args: EvalArgs, say=print) -> dict:
     loaded = load_run(args.run_dir, args.step, args.mesh, args.num_devices, verb="evaluate")
     seed = loaded.run.seed if args.seed is None else args.seed
     evaluation = Evaluation(loaded.sharded, args.episodes, seed, greedy=not args.sample)
-    evaluation.compile(__import__("jax").random.key(0))
+    evaluation.compile(jax.random.key(0))
     row = evaluation(loaded.state, loaded.step)
     returns = np.asarray(evaluation.last_returns, np.float64).reshape(loaded.run.num_seeds, -1)
     stats = summarise(list(returns))
@@ -96,7 +98,7 @@ def evaluate_run(args: EvalArgs, say=print) -> dict:
     }
     if args.render is not None:
         report["render"] = render_lib.render_episode(loaded, args.render, seed)
-    write_json(loaded.run_dir / EVAL_FILE, report)
+    write_text_atomic(loaded.run_dir / EVAL_FILE, json.dumps(report, indent=2) + "\n")
     say(describe(report))
     return report
 
@@ -116,9 +118,3 @@ def describe(report: dict) -> str:
         lines.append(f"  rendered one episode to {report['render']['path']}")
     lines.append(f"wrote {Path(report['run_dir']) / EVAL_FILE}")
     return "\n".join(lines)
-
-
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)

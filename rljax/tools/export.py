@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -100,6 +99,7 @@ def export_run(args: ExportArgs, say=print) -> Path:
     from flax import serialization
 
     from rljax.run.evaluation import obs_stats_of
+    from rljax.run.run_log import write_text_atomic
     from rljax.tools.runs import load_run
 
     check_args(args)
@@ -153,7 +153,7 @@ def export_run(args: ExportArgs, say=print) -> Path:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
-        _write(out / name, data)
+        write_text_atomic(out / name, data)
     say(
         f"exported {meta['algorithm']} {meta['env']} (update {meta['step']}) to {out}: "
         f"{POLICY_FILE}, {PARAMS_FILE}, {GREEDY_FILE}, {SAMPLE_FILE}"
@@ -186,12 +186,6 @@ def _plain(tree):
     if tree is None:
         return {}
     return np.asarray(tree)
-
-
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -63,7 +63,7 @@ def render_episode(loaded, path: str, seed: int, max_steps: int = 500) -> dict:
         action, memory = algo.eval_action(p, o.reshape(1, -1), k, True, **s, memory=memory)
         return action[0], memory
 
-    step = jax.jit(env.step, static_argnums=())
+    step = jax.jit(env.step)
     key, reset_key = jax.random.split(key)
     obs, env_state = env.reset(reset_key, env_params)
     states, rewards, total = [env_state], [], 0.0

@@ -62,19 +62,23 @@ def bootstrap_ci(
     seed: int = 0,
     level: float = LEVEL,
 ) -> tuple[float, float]:
-    """The percentile interval of ``statistic`` over ``reps`` stratified resamples."""
+    """The percentile interval of ``statistic`` over ``reps`` stratified resamples; a
+    vector-valued ``statistic`` (e.g. a performance profile) gets ``(low [K], high [K])``."""
     groups = [np.asarray(s, np.float64).ravel() for s in strata]
     groups = [g for g in groups if g.size]
     if not groups:
         raise ValueError("bootstrap_ci needs at least one score")
     rng = np.random.default_rng(seed)
-    values = np.empty(reps)
-    for r in range(reps):
-        values[r] = statistic(
-            np.concatenate([g[rng.integers(0, g.size, g.size)] for g in groups])
-        )
+    values = np.array(
+        [
+            statistic(np.concatenate([g[rng.integers(0, g.size, g.size)] for g in groups]))
+            for _ in range(reps)
+        ]
+    )
     alpha = (1.0 - level) / 2.0
-    low, high = np.quantile(values, [alpha, 1.0 - alpha])
+    low, high = np.quantile(values, [alpha, 1.0 - alpha], axis=0)
+    if np.ndim(low):
+        return low, high
     return float(low), float(high)
 
 

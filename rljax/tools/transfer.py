@@ -18,7 +18,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from rljax.algos.base import leaf_path
+from rljax.algos.base import flat_leaves
 from rljax.errors import ConfigError
 
 PARTS = ("all", "torso")
@@ -36,10 +36,7 @@ def param_shapes(algo) -> dict[str, tuple[int, ...]]:
     import flax.linen as nn
 
     boxed = jax.eval_shape(algo.init_params, jax.random.key(0))
-    return {
-        leaf_path(path): tuple(x.shape)
-        for path, x in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(boxed))
-    }
+    return {path: tuple(x.shape) for path, x in flat_leaves(nn.meta.unbox(boxed)).items()}
 
 
 def is_head(path: str) -> bool:
@@ -88,6 +85,5 @@ def load_params(plan: TransferPlan) -> dict[str, np.ndarray]:
     state = loaded.state
     if loaded.run.num_seeds > 1:
         state = jax.tree.map(lambda x: x[0], state)
-    params = jax.device_get(loaded.algo.acting_params(state.params))
-    flat = {leaf_path(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
-    return {path: flat[path] for path in plan.paths}
+    flat = flat_leaves(jax.device_get(loaded.algo.acting_params(state.params)))
+    return {path: np.asarray(flat[path]) for path in plan.paths}

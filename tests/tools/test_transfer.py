@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rljax import DQN, PPO, DQNConfig, PPOConfig
-from rljax.algos.base import leaf_path
+from rljax.algos.base import flat_leaves
 from rljax.cli import main
 from rljax.run.sharded import ShardedRun
 from rljax.tools.runs import load_run
@@ -18,7 +18,7 @@ TARGET = PPOConfig(num_envs=4, num_steps=32, total_timesteps=4 * 32 * 2, num_min
 
 
 def flat(params):
-    return {leaf_path(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    return {p: np.asarray(x) for p, x in flat_leaves(params).items()}
 
 
 @pytest.mark.parametrize("part", ["all", "torso"])
