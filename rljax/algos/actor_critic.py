@@ -75,6 +75,43 @@ def gae(
     return advantages, advantages + values
 
 
+def vtrace_advantages(
+    rewards: jax.Array,
+    values: jax.Array,
+    next_values: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    log_rho: jax.Array,
+    gamma: float,
+    gae_lambda: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """GAE with V-trace's truncated importance weights, ``[T, B]`` inputs -> ``(advantages,
+    returns)``; ``log_rho = log pi(a|x) - log mu(a|x)`` (target vs behaviour policy).
+
+    ``rho = min(rho_bar, e^log_rho)`` weighs each TD error, ``c = lambda min(c_bar, e^log_rho)``
+    each trace step: ``A_t = rho_t delta_t + gamma (1 - end_t) c_t A_{t+1}``; ``returns = A + V``
+    are V-trace's targets (Espeholt et al. 2018, with lambda in the traces). With all ratios 1
+    this is exactly ``gae``. Episode ends cut the trace as there."""
+    ratio = jnp.exp(log_rho)
+    rho = jnp.minimum(rho_bar, ratio)
+    c = gae_lambda * jnp.minimum(c_bar, ratio)
+    ended = jnp.logical_or(terminated, truncated).astype(jnp.float32)
+    bootstrap = 1.0 - terminated.astype(jnp.float32)
+    deltas = rho * (rewards + gamma * bootstrap * next_values - values)
+
+    def backward(next_advantage, xs):
+        delta, end, trace = xs
+        advantage = delta + gamma * trace * (1.0 - end) * next_advantage
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(
+        backward, jnp.zeros_like(deltas[0]), (deltas, ended, c), reverse=True, unroll=16
+    )
+    return advantages, advantages + values
+
+
 def env_major(samples):
     """``[T, B@batch, ...]`` leaves -> ``[B*T, ...]``, each environment's steps together, so that
     ``learner.split`` gives every replica the steps of its own environments."""

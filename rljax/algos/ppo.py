@@ -27,6 +27,7 @@ from rljax.algos.actor_critic import (
     Rollout,
     env_major,
     gae,
+    vtrace_advantages,
 )
 from rljax.algos.base import (
     INT32_MAX,
@@ -96,6 +97,11 @@ class PPOConfig(NetworkSettings):
     or tanh (squashed and rescaled to the bounds; log-prob with the log-det correction)."""
     sync: SyncConfig = SyncConfig()
     """gradient synchronisation across data-parallel replicas (rljax.parallel.sync)."""
+    off_policy: Literal["none", "vtrace"] = "none"
+    """correction for rollouts made with older parameters (actor-learner layout,
+    --max-staleness): none (PPO's ratio against the behaviour log-probabilities), or vtrace
+    (values and log-probabilities recomputed under the learner's parameters; advantages and
+    value targets with V-trace's truncated importance weights, rho_bar = c_bar = 1)."""
 
     @property
     def env_steps_per_update(self) -> int:
@@ -129,6 +135,17 @@ class PPOBatch(NamedTuple):
     returns: jax.Array  # [n] GAE value targets
     ends: jax.Array | None = None  # recurrent: [n, T] bool, the step ended an episode
     hidden: jax.Array | None = None  # recurrent: [n, H] the hidden state at the sequence's start
+
+
+class Experience(NamedTuple):
+    """One rollout as the learner receives it (``act`` -> ``learn``), leaves ``[T, B@batch, ...]``
+    unless noted. On an actor mesh it is made there and resharded to the learner's mesh."""
+
+    rollout: Rollout  # observations as the network saw them; behaviour log-probs and values
+    reward: jax.Array  # [T, B] to learn from (scaled with normalize_rewards)
+    next_values: jax.Array  # [T, B] behaviour V of the observation after each step (GAE)
+    last_obs: jax.Array  # [B, D] the observation after the rollout (V-trace recomputes V)
+    key: jax.Array  # the update's epoch key (minibatch shuffles)
 
 
 class PPO(ActorCriticAlgorithm):
@@ -198,6 +215,10 @@ class PPO(ActorCriticAlgorithm):
                 "or num_minibatches, or raise num_envs*num_steps"
             )
         validate_sync(config.sync)
+        if config.off_policy not in ("none", "vtrace"):
+            raise ConfigError(f"off_policy must be 'none' or 'vtrace', got {config.off_policy!r}")
+        if config.off_policy != "none" and config.recurrent != "none":
+            raise ConfigError("off_policy='vtrace' is not available for recurrent PPO")
         if config.network == "mlp":
             check_torso(config.torso_widths)
             towers = {"torso": config.torso_widths, "actor": config.actor_widths}
@@ -328,44 +349,85 @@ class PPO(ActorCriticAlgorithm):
         replica's own environments, so no sample leaves its data shard."""
         return self.learner.split(env_major(samples))
 
-    def update(self, state: PPOState) -> tuple[PPOState, dict[str, jax.Array]]:
-        """One PPO iteration: rollout, GAE, ``update_epochs`` x shuffled minibatches."""
-        c, hp = self.config, self.resolve(state.hparams)
+    def act(self, state: PPOState, params) -> tuple[PPOState, Experience, dict[str, jax.Array]]:
+        """The acting half of ``update``: a rollout with ``params`` (the behaviour policy, laid
+        out as ``state.params``) from the state's environments, key, ``obs_stats`` and reward
+        scaling -> ``(state with those advanced, Experience, rollout metrics)``. Reads no
+        optimizer state, so an actor mesh can run it with stale parameters."""
+        hp = self.resolve(state.hparams)
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        env, rollout, next_values, replaced = self.collect(state, rollout_key)
+        acting = state.replace(params=params)
+        env, rollout, next_values, replaced = self.collect(acting, rollout_key)
         tr = rollout.transition
         reward_scaling, reward = self.scaled_rewards(state.reward_scaling, tr, hp.gamma)
-        advantages, returns = gae(
-            reward,
-            rollout.value,
-            next_values,
-            tr.terminated,
-            tr.truncated,
-            hp.gamma,
-            hp.gae_lambda,
+        last_obs = self.observe(state.obs_stats, env.obs)
+        experience = Experience(rollout, reward, next_values, last_obs, epoch_key)
+        metrics = dict(
+            truncations=tr.truncated.sum(),
+            terminations=tr.terminated.sum(),
+            **episode_metrics(env.stats),
         )
-        samples = PPOBatch(
-            tr.obs, rollout.action, rollout.log_prob, rollout.value, advantages, returns
-        )
+        state = state.replace(key=key, env=env, reward_scaling=reward_scaling, **replaced)
+        return state, experience, metrics
+
+    def learn(self, state: PPOState, experience: Experience) -> tuple[PPOState, dict]:
+        """The learning half of ``update``: GAE on ``experience`` and ``update_epochs`` x
+        shuffled minibatches of SGD on the state's parameters and optimizer. With
+        ``off_policy="vtrace"`` (the experience may come from older parameters: actor-learner
+        layout) values and log-probabilities are recomputed under the state's (pre-update)
+        parameters and the advantages and targets are V-trace's (``vtrace_advantages``)."""
+        c, hp = self.config, self.resolve(state.hparams)
+        rollout, tr = experience.rollout, experience.rollout.transition
+        values, next_values, log_rho = rollout.value, experience.next_values, None
+        if getattr(c, "off_policy", "none") == "vtrace":
+            values, next_values, log_rho = self.recomputed(state.params, experience)
+        if log_rho is None:
+            advantages, returns = gae(
+                experience.reward, values, next_values, tr.terminated, tr.truncated,
+                hp.gamma, hp.gae_lambda,
+            )  # fmt: skip
+        else:
+            advantages, returns = vtrace_advantages(
+                experience.reward, values, next_values, tr.terminated, tr.truncated, log_rho,
+                hp.gamma, hp.gae_lambda,
+            )  # fmt: skip
+        samples = PPOBatch(tr.obs, rollout.action, rollout.log_prob, values, advantages, returns)
         batch = self.training_batch(state, samples, rollout)
         (params, opt_state, sync), sgd_metrics = jax.lax.scan(
             lambda carry, k: self.epoch(carry, k, batch, state.hparams),
             (state.params, state.opt_state, state.sync),
-            jax.random.split(epoch_key, c.update_epochs),
+            jax.random.split(experience.key, c.update_epochs),
         )
         metrics = jax.tree.map(lambda m: jnp.mean(m.astype(jnp.float32)), sgd_metrics)
         metrics.update(
             optimizer_steps=jnp.int32(c.update_epochs * c.num_minibatches),
             syncs=jnp.sum(sgd_metrics["synced"]),
-            truncations=tr.truncated.sum(),
-            terminations=tr.terminated.sum(),
-            **episode_metrics(env.stats),
         )
-        step = state.update_step + 1
-        state = state.replace(
-            key=key, env=env, update_step=step, reward_scaling=reward_scaling, **replaced
-        )
+        if log_rho is not None:
+            metrics["importance_clip_fraction"] = (log_rho < 0).mean()
+        state = state.replace(update_step=state.update_step + 1)
         return self.with_learner(state, params, opt_state, sync), metrics
+
+    def recomputed(self, params, experience: Experience):
+        """Under ``params``: ``(values [T, B], next values [T, B], log pi(a)/mu(a) [T, B])`` of
+        the experience's observations and actions (``mu``: its behaviour log-probabilities)."""
+        rollout = experience.rollout
+        obs = rollout.transition.obs
+        outs, values = jax.vmap(self.policy, in_axes=(None, 0))(params, obs)
+        log_prob = jax.vmap(self.dist.log_prob)(outs, rollout.action)
+        now = rollout.replace(value=values)
+        next_values = self.next_values(params, now, experience.last_obs)
+        return values, next_values, log_prob - rollout.log_prob
+
+    def update(self, state: PPOState) -> tuple[PPOState, dict[str, jax.Array]]:
+        """One PPO iteration: ``act`` (rollout) with the state's own parameters, then ``learn``
+        (GAE, ``update_epochs`` x shuffled minibatches)."""
+        acted, experience, act_metrics = self.act(state, state.params)
+        # learn reads the state from before the rollout (recurrent: its hidden state at the start)
+        learned, metrics = self.learn(state, experience)
+        state = acted.replace(update_step=learned.update_step)
+        state = self.with_learner(state, learned.params, learned.opt_state, learned.sync)
+        return state, {**metrics, **act_metrics}
 
     def placeholder_minibatch(self) -> PPOBatch:
         """Zeros shaped like one minibatch, leaves ``[R@replica, n, ...]``."""

@@ -38,6 +38,14 @@ class ParallelConfig:
     """emulate this many CPU devices (must be set before JAX starts)."""
     seed_axis: Literal["none", "data"] = "none"
     """'data' places the seeds on the data axis (each seed's envs then stay on one data shard)."""
+    actor_mesh: str | None = None
+    """actor-learner layout: the actors' mesh (rollouts), e.g. 'data=2'; with --learner-mesh,
+    on disjoint devices (PPO only; instead of --mesh)."""
+    learner_mesh: str | None = None
+    """actor-learner layout: the learner's mesh (GAE and SGD), e.g. 'fsdp=2,model=3'."""
+    max_staleness: int = 0
+    """actor-learner layout: rollouts use parameters at most this many learner updates old
+    (0: synchronous, equal to single-mesh PPO; >= 1: acting overlaps learning)."""
     memory_per_device: str | None = _resumable(None)
     """memory a device may use (16GB, 512MiB, 2e9): a run needing more stops before training
     (default: the device's own limit; none on CPU)."""

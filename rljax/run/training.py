@@ -53,6 +53,13 @@ from rljax.errors import ConfigError, Interrupted, TrainingError
 from rljax.parallel import mesh_spec_of
 from rljax.run import hooks as builtin
 from rljax.run import memory
+from rljax.run.actor_learner import (
+    ActorLearnerRun,
+    LearnerEvaluation,
+    is_actor_learner,
+    prepare_actor_learner,
+    validate_actor_learner,
+)
 from rljax.run.config import RunConfig
 from rljax.run.evaluation import Evaluation
 from rljax.run.loop import Loop
@@ -124,7 +131,12 @@ class Session:
         saved = read_run_config(resume) if resume else None  # damaged: ConfigError
         if saved is not None:
             check_compatible(saved, self.name, self.config, run)
-        self.layout, self.algo = prepare(algorithm, run)  # every ConfigError before any write
+        self.actor_layout = None  # the actor-learner layout's actor mesh (--actor-mesh)
+        validate_actor_learner(self.algo_cls, self.config, run)
+        if is_actor_learner(run):
+            (self.actor_layout, self.layout), self.algo = prepare_actor_learner(algorithm, run)
+        else:
+            self.layout, self.algo = prepare(algorithm, run)  # every ConfigError before writing
         self.transfer = None  # --init-from: what the new run copies (checked before compiling)
         init_from = run.checkpointing.init_from
         if init_from and not resume:
@@ -228,10 +240,19 @@ class Session:
         against the budget (``ConfigError`` with the figures; nothing written yet)."""
         run = self.run
         chunk = min(run.logging.log_every, self.config.num_updates)
-        self.sharded = ShardedRun(self.algo, self.layout, run.num_seeds, chunk)
         self.evaluation = None
-        if run.evaluation.eval_every:
-            self.evaluation = Evaluation(self.sharded, run.evaluation.eval_episodes, run.seed)
+        if self.actor_layout is not None:
+            staleness = run.parallel.max_staleness
+            self.sharded = ActorLearnerRun(
+                self.algo, self.actor_layout, self.layout, staleness, chunk
+            )
+            if run.evaluation.eval_every:
+                episodes = run.evaluation.eval_episodes
+                self.evaluation = LearnerEvaluation(self.sharded, episodes, run.seed)
+        else:
+            self.sharded = ShardedRun(self.algo, self.layout, run.num_seeds, chunk)
+            if run.evaluation.eval_every:
+                self.evaluation = Evaluation(self.sharded, run.evaluation.eval_episodes, run.seed)
         key = jax.random.key(run.seed)
         what = f"the update chunk ({chunk} updates)"
         what += " and the evaluation" if self.evaluation is not None else ""
@@ -242,7 +263,8 @@ class Session:
         seconds = self.sharded.compile_seconds
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
         console.line(f"compiled in {sum(seconds.values()):.1f} s ({parts})")
-        self.plan = plan_of(self.sharded, self.name, run).check()
+        if self.actor_layout is None:  # the memory plan knows one mesh
+            self.plan = plan_of(self.sharded, self.name, run).check()
 
     def _nothing_to_resume(self, checkpoints: Path) -> TrainingError:
         return TrainingError(
@@ -275,12 +297,16 @@ class Session:
         return f"the checkpoint at update {step} is intact; resume with: {self.resume_command()}"
 
     def mesh_info(self) -> dict:
-        return {
+        info = {
             "spec": mesh_spec_of(self.mesh),
             "axis_names": list(self.mesh.axis_names),
             "shape": dict(self.mesh.shape),
             "devices": int(self.mesh.devices.size),
         }
+        if self.actor_layout is not None:  # "spec" etc.: the learner's mesh
+            actor = self.actor_layout.mesh
+            info["actor"] = {"spec": mesh_spec_of(actor), "devices": int(actor.devices.size)}
+        return info
 
     def resume_command(self) -> str:
         if self.name not in registered_names():  # resumed from Python, not the CLI
