@@ -404,7 +404,7 @@ class PPO(ActorCriticAlgorithm):
             syncs=jnp.sum(sgd_metrics["synced"]),
         )
         if log_rho is not None:
-            metrics["importance_clip_fraction"] = (log_rho < 0).mean()
+            metrics["importance_weight"] = jnp.minimum(1.0, jnp.exp(log_rho)).mean()  # rho
         state = state.replace(update_step=state.update_step + 1)
         return self.with_learner(state, params, opt_state, sync), metrics
 
