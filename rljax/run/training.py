@@ -422,8 +422,14 @@ def _console(s: Session) -> Console:
     console = Console(s.say if printing else None, tty=s.say is print and sys.stdout.isatty())
     if printing:
         s.say = console.line
+    where = f"mesh {mesh_spec_of(s.mesh)}"
+    if s.actor_layout is not None:
+        where = (
+            f"actor mesh {mesh_spec_of(s.actor_layout.mesh)} + learner mesh {where[5:]}, "
+            f"max staleness {run.parallel.max_staleness}"
+        )
     s.say(
-        f"rljax {s.name} on {cfg.env}: mesh {mesh_spec_of(s.mesh)} ({jax.default_backend()}, "
+        f"rljax {s.name} on {cfg.env}: {where} ({jax.default_backend()}, "
         f"{jax.process_count()} process(es)), {run.num_seeds} seed(s), {cfg.num_updates} updates "
         f"x {cfg.env_steps_per_update} steps"
     )
