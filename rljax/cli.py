@@ -288,6 +288,12 @@ def train_main(argv: list[str], command: str = "train") -> int:
         if dry_run or command == "plan":
             from rljax.run.plan import plan
 
+            if run.parallel.actor_mesh is not None or run.parallel.learner_mesh is not None:
+                raise ConfigError(
+                    "rljax plan knows one mesh; the actor-learner layout (--actor-mesh/"
+                    "--learner-mesh) has no memory plan: plan its learner with --mesh instead"
+                )
+
             result = plan(algo, run)
             print(result.table())
             result.check()
@@ -372,6 +378,11 @@ def sweep_main(argv: list[str]) -> int:
         _, algo, run, distributed, dry_run = parse_command([algorithm, *rest], "sweep")
         if dry_run:
             raise ConfigError("rljax sweep has no --dry-run; plan one setting with rljax plan")
+        if run.parallel.actor_mesh is not None or run.parallel.learner_mesh is not None:
+            raise ConfigError(
+                "rljax sweep runs on one mesh; the actor-learner layout (--actor-mesh/"
+                "--learner-mesh) trains one setting and seed per run (rljax train)"
+            )
         initialize(distributed)
         from rljax.run.sweep import sweep_groups
 

@@ -168,6 +168,8 @@ class ActorLearnerRun:
         self._learn_jit = jax.jit(
             self._learn, out_shardings=(self.learner_shardings, learner.replicated())
         )
+        # One program (per chunk length): eager stacking would wait for every update.
+        self._stack = jax.jit(functools.partial(_stack, size=chunk_size))
         self._count_learner = jax.jit(integrity.nonfinite_counts)
         self._count_actor = jax.jit(integrity.nonfinite_counts)
         self.compile_seconds: dict[str, float] = {}
@@ -262,15 +264,16 @@ class ActorLearnerRun:
         with K = 0), queue the learner's current parameters, dispatch the learning step. Nothing
         waits here: with K >= 1 the next call's rollout runs while this learning step does."""
         learner, actor, queue, versions = state.learner, state.actor, state.queue, state.versions
-        current = reshard((learner.params, learner.update_step),
-                          (self.params_shardings, self.actor_layout.replicated()))  # fmt: skip
+        targets = (self.params_shardings, self.actor_layout.replicated())
         if self.max_staleness == 0:
-            behaviour, version = current
+            behaviour, version = reshard((learner.params, learner.update_step), targets)
         else:
             behaviour, version = queue[0], versions[0]
-            queue, versions = (*queue[1:], current[0]), (*versions[1:], current[1])
-        with self.actor_layout.active():
+        with self.actor_layout.active():  # first: it needs nothing the learner is computing
             actor, experience, act_metrics = self._act_jit(actor, behaviour, version)
+        if self.max_staleness:
+            current = reshard((learner.params, learner.update_step), targets)
+            queue, versions = (*queue[1:], current[0]), (*versions[1:], current[1])
         experience, act_metrics = reshard(
             (experience, act_metrics), (self.exp_on_learner, self._replicated_like(act_metrics))
         )
@@ -293,8 +296,7 @@ class ActorLearnerRun:
             state, metrics = self.step(state)
             rows.append(metrics)
         with self.layout.active():
-            metrics = _stack(rows, self.chunk_size)
-        with self.layout.active():
+            metrics = self._stack(rows)
             learner_counts = self._count_learner(state.learner)
         with self.actor_layout.active():
             actor_counts = self._count_actor((state.actor, state.queue, state.versions))
