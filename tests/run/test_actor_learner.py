@@ -15,6 +15,7 @@ import pytest
 
 from rljax import PPO, ConfigError, PPOConfig, RunConfig, train
 from rljax.algos.a2c import A2CConfig
+from rljax.cli import main
 from rljax.parallel.actor_learner import split_layouts
 from rljax.run.actor_learner import ActorLearnerRun
 from rljax.run.checkpoint import Checkpointer
@@ -74,6 +75,13 @@ def test_bad_input_gets_one_config_error_each_before_compiling(tmp_path):
     with pytest.raises(ConfigError, match="not recurrent PPO"):
         train(PPOConfig(recurrent="gru"), run)
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("command", ["plan", "sweep"])
+def test_plan_and_sweep_refuse_the_layout(command, capsys):
+    flags = ["--actor-mesh", "data=1", "--learner-mesh", "data=1"]
+    assert main([command, "ppo", *flags]) != 0
+    assert "actor-learner layout" in capsys.readouterr().err
 
 
 # -- resume after SIGKILL: 60 updates of 2048 env steps, killed after the checkpoint at 10 ------
