@@ -4,20 +4,23 @@ actor-critic, the same PPO budget on Breakout-MinAtar, 3 seeds each.
     python experiments/layouts.py            # the table; results/layouts.{md,json,png}
     python experiments/layouts.py --quick    # tiny sizes, 1 seed, results to a temp dir
     python experiments/layouts.py --replot   # rebuild .md/.png from the .json
+    python experiments/layouts.py --add --layouts "actor-learner K=1 V-trace"   # one more row
 
 Layouts: data parallel (data=8), tensor parallel (model=8), FSDP (fsdp=8), FSDP x TP
 (fsdp=4,model=2), pipeline (data=2,stage=4, GPipe with 2 microbatches) and the actor-learner
-layout (actors data=4 on devices 0-3, learner data=2,model=2 on 4-7) at K = 0, 1, 2. Each run is
+layout (actors data=4 on devices 0-3, learner data=2,model=2 on 4-7) at K = 0, 1, 2, and K = 1
+with ``off_policy="vtrace"``. Each run is
 ``train()`` with one seed (the actor-learner layout runs one seed per process; so does every row
 here, for the same treatment); runs go one after another and the JSON is rewritten after each.
 
 Columns: per-device memory (the largest sum of a device's shards of the final training state,
 read from the arrays), bytes sent per device per update by mesh axis (``rljax.diagnostics``:
 the compiled optimizer step's collectives x optimizer steps per update; the actor-learner rows
-add ``reshard``, the parameters sent to the actors plus the rollout sent to the learner per
-update), steps/s inside compiled chunks (emulated devices: relative only), final return (mean
-training return over the last 10 % of updates, mean over seeds) and AUC (mean training return
-over all updates), and for the actor-learner rows the mean and max staleness.
+add ``reshard (total)``, the parameters sent to the actors plus the rollout sent to the learner
+per update, over all devices), steps/s inside compiled chunks (emulated devices: relative
+only), final return (mean training return over the last 10 % of updates, mean over seeds) and
+AUC (mean training return over all updates), and for the actor-learner rows the mean and max
+staleness.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ LAYOUTS: dict[str, dict] = {
     "actor-learner K=0": {**AL, "max_staleness": 0},
     "actor-learner K=1": {**AL, "max_staleness": 1},
     "actor-learner K=2": {**AL, "max_staleness": 2},
+    "actor-learner K=1 V-trace": {**AL, "max_staleness": 1, "algo": {"off_policy": "vtrace"}},
 }
 FULL = {"num_envs": 32, "num_steps": 64, "updates": 30, "width": 64, "depth": 4, "seeds": 3}
 QUICK = {"num_envs": 8, "num_steps": 16, "updates": 6, "width": 16, "depth": 4, "seeds": 1}
@@ -145,6 +149,7 @@ def run_layout(name: str, spec: dict, sizes: dict, runs_dir: Path) -> dict:
             "compile_s": sum(result.compile_seconds.values()),
             "memory_per_device": per_device_bytes(result.state),
             "episode_return": returns.tolist(),
+            "clip_fraction": float(np.mean([r["clip_fraction"] for r in rows])),
         }
         if "staleness" in rows[0]:
             staleness = np.array([float(r["staleness"]) for r in rows])
@@ -154,7 +159,7 @@ def run_layout(name: str, spec: dict, sizes: dict, runs_dir: Path) -> dict:
             f"{entry['steps_per_s']:,.0f} steps/s, {entry['wall_s']:.0f} s")  # fmt: skip
     row = {"layout": name, "spec": {k: v for k, v in spec.items()}, "per_seed": per_seed}
     for key in ("final_return", "auc", "steps_per_s", "memory_per_device", "staleness_mean",
-                "staleness_max"):  # fmt: skip
+                "staleness_max", "clip_fraction"):  # fmt: skip
         values = [s[key] for s in per_seed if key in s]
         if values:
             row[key] = float(np.mean(values))
@@ -178,31 +183,58 @@ NOTES = """What the table shows (emulated devices share {cpus} cores, so steps/s
 def observations(rows: list[dict]) -> str:
     by = {r["layout"]: r for r in rows}
     out = []
-    sync, k1 = by.get("actor-learner K=0"), by.get("actor-learner K=1")
+    sync, k1, k2 = (by.get(f"actor-learner K={k}") for k in (0, 1, 2))
     if sync and k1:
         gain = k1["steps_per_s"] / sync["steps_per_s"]
         out.append(
-            f"- Asynchrony: K=1 runs at {gain:.2f}x the steps/s of K=0 on the same two meshes "
-            f"({k1['steps_per_s']:,.0f} vs {sync['steps_per_s']:,.0f}). Here all 8 emulated "
-            "devices share the machine's cores, so the actor and learner programs compete for "
-            "the same CPUs rather than running side by side: overlap can only hide dispatch "
-            "gaps, not compute. On separate chips the act program would run in the learner's "
-            "shadow."
+            f"- Does asynchrony buy throughput here? A little: K=1 runs at {gain:.2f}x the "
+            f"steps/s of K=0 on the same two meshes ({k1['steps_per_s']:,.0f} vs "
+            f"{sync['steps_per_s']:,.0f})"
+            + (f", K=2 at {k2['steps_per_s'] / sync['steps_per_s']:.2f}x" if k2 else "")
+            + ". All 8 emulated devices share the machine's cores, so the actor and learner "
+            "programs compete for the same CPUs instead of running side by side; the overlap "
+            "hides dispatch and transfer gaps, not compute. On separate chips the rollout would "
+            "run in the learner's shadow and the gain would approach (act + learn) / max(act, "
+            "learn)."
         )
-        out.append(
-            f"- Its cost: final return {k1['final_return']:.2f} (K=1) and "
-            f"{by.get('actor-learner K=2', k1)['final_return']:.2f} (K=2) vs "
-            f"{sync['final_return']:.2f} (K=0); staleness reaches K after K updates (mean "
-            f"{k1.get('staleness_mean', 0):.2f} over the run for K=1)."
+    if sync and k1:
+        text = (
+            f"- What it costs: final return {k1['final_return']:.2f} at K=1"
+            + (f" and {k2['final_return']:.2f} at K=2" if k2 else "")
+            + f" against {sync['final_return']:.2f} at K=0 (AUC {k1['auc']:.2f}"
+            + (f", {k2['auc']:.2f}" if k2 else "")
+            + f" vs {sync['auc']:.2f}). With the MinAtar preset's lr 5e-3 the policy moves a "
+            "lot per update, so a rollout one version old already starts PPO's ratio away from "
+            "1 and the clip discards more of its gradient: the clipped fraction of samples "
+            f"(mean over updates and seeds) is {sync['clip_fraction']:.2f} at K=0, "
+            f"{k1['clip_fraction']:.2f} at K=1"
+            + (f", {k2['clip_fraction']:.2f} at K=2" if k2 else "")
+            + ". Staleness reaches K after K updates."
         )
-    dp = by.get("data parallel")
-    if dp:
+        vt = by.get("actor-learner K=1 V-trace")
+        if vt:
+            text += (
+                f" V-trace's clipped correction recovers part of it: {vt['final_return']:.2f} "
+                f"(AUC {vt['auc']:.2f}, clipped fraction {vt['clip_fraction']:.2f}) at K=1."
+            )
+        out.append(text)
+    if by.get("data parallel"):
         fastest = max(rows, key=lambda r: r["steps_per_s"])
         smallest = min(rows, key=lambda r: r["memory_per_device"])
         out.append(
-            f"- Fastest: {fastest['layout']} ({fastest['steps_per_s']:,.0f} steps/s); least "
-            f"memory per device: {smallest['layout']} ({smallest['memory_per_device'] / 1e3:,.0f}"
-            " kB)."
+            f"- The fastest layout is {fastest['layout']} ({fastest['steps_per_s']:,.0f} "
+            f"steps/s); the least memory per device is {smallest['layout']}'s "
+            f"({smallest['memory_per_device'] / 1e3:,.0f} kB, parameters and moments split 8 "
+            "ways). This network is small (width 64): splitting it buys memory and costs "
+            "communication (tensor parallel sends the most per update)."
+        )
+        synchronous = [r["final_return"] for r in rows if r.get("staleness_max", 0) == 0]
+        spread = max(r["final_return_std"] for r in rows)
+        out.append(
+            f"- The synchronous layouts (every row without staleness) end at final returns "
+            f"{min(synchronous):.2f} to {max(synchronous):.2f}, seed standard deviations up to "
+            f"{spread:.2f}: the same PPO, split differently (the replica count, hence the "
+            "minibatch shuffles and float order, differs between meshes)."
         )
     return "\n".join(out)
 
@@ -212,7 +244,10 @@ def write_outputs(out_dir: Path, report: dict) -> None:
     for r in rows:
         r["where"] = where(r["spec"])
         r["memory_kb"] = r["memory_per_device"] / 1e3
-        r["comm_text"] = ", ".join(f"{a} {b / 1e3:,.0f}k" for a, b in r["comm"].items()) or "0"
+        r["comm_text"] = ", ".join(
+            f"{'reshard (total)' if a == 'reshard' else a} {b / 1e3:,.0f}k"
+            for a, b in r["comm"].items()
+        )
     columns = [
         ("layout", "layout", ""),
         ("mesh(es)", "where", ""),
@@ -261,6 +296,7 @@ def main(argv=None) -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 seed, to a temp dir")
     p.add_argument("--replot", action="store_true", help="rebuild .md/.png from the .json")
     p.add_argument("--layouts", nargs="*", default=list(LAYOUTS), help="a subset, by name")
+    p.add_argument("--add", action="store_true", help="keep the JSON's other layouts' rows")
     args = p.parse_args(argv)
     out_dir = Path(tempfile.mkdtemp()) if args.quick else Path(__file__).parent / "results"
     path = out_dir / f"{NAME}.json"
@@ -280,9 +316,14 @@ def main(argv=None) -> None:
         "sizes": sizes,
         "rows": [],
     }
+    if args.add and path.exists():
+        kept = json.loads(path.read_text())["rows"]
+        report["rows"] = [r for r in kept if r["layout"] not in args.layouts]
     runs_dir = Path(tempfile.mkdtemp(prefix="rljax-layouts-"))
     for name in args.layouts:
         report["rows"].append(run_layout(name, LAYOUTS[name], sizes, runs_dir))
+        order = list(LAYOUTS)
+        report["rows"].sort(key=lambda r: order.index(r["layout"]))
         write_report(path, NAME, report)  # incrementally: a stopped run keeps its rows
     write_outputs(out_dir, report)
 
