@@ -61,6 +61,7 @@ def test_bad_input_gets_one_config_error_each_before_compiling(tmp_path):
         "max_staleness must be >= 0": dict(
             actor_mesh="data=1", learner_mesh="data=1", max_staleness=-1
         ),
+        "applies to the actor-learner layout only": dict(max_staleness=1),
         "cannot be combined with --actor-mesh": dict(
             mesh="data=2", actor_mesh="data=1", learner_mesh="data=1"
         ),
