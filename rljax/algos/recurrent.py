@@ -95,15 +95,15 @@ class RecurrentPPO(PPO):
         critic call after the rollout); otherwise ``V(final_obs)`` is computed at every step."""
         once = self.truncates_once
 
-        def step(carry, step_key):
+        def step(carry, randomness):
             env, hidden, truncation_hidden = carry
-            act_key, env_key = jax.random.split(step_key)
+            noise, env_keys = randomness
             out, value, new_hidden = self.step_network(
                 params, self.observe(obs_stats, env.obs), hidden
             )
-            action = self.dist.sample(act_key, out)
+            action = self.dist.sample_with(noise, out)
             log_prob = self.dist.log_prob(out, action)
-            env, tr = self.env.step(env_key, env, self.dist.env_action(action))
+            env, tr = self.env.step(env_keys, env, self.dist.env_action(action))
             final_value = None
             if once:
                 truncation_hidden = jnp.where(tr.truncated[:, None], new_hidden, truncation_hidden)
@@ -118,7 +118,7 @@ class RecurrentPPO(PPO):
             )
 
         start = (env, hidden, jnp.zeros_like(hidden) if once else None)
-        return jax.lax.scan(step, start, jax.random.split(key, self.config.num_steps))
+        return jax.lax.scan(step, start, self.rollout_randomness(key))
 
     def collect(self, state: PPOState, key: jax.Array):
         (env, hidden, truncation_hidden), (rollout, final_values) = self.rollout_sequences(

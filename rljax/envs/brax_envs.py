@@ -20,7 +20,15 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from rljax.envs.gymnax_envs import BRAX_PREFIX, EnvBatch, EnvSpec, EpisodeStats, Transition
+from rljax.envs.gymnax_envs import (
+    BRAX_PREFIX,
+    EnvBatch,
+    EnvSpec,
+    EpisodeStats,
+    Transition,
+    env_keys,
+    step_keys,
+)
 from rljax.errors import ConfigError
 from rljax.parallel.rules import constrain_batch
 
@@ -127,8 +135,13 @@ class BraxEnv:
         return int(self.env.episode_length)
 
     def _reset_states(self, key: jax.Array):
+        """``key``: one key, or one per environment ``[B]``."""
         with _quiet():
-            return jax.vmap(self.env.reset)(jax.random.split(key, self.num_envs))
+            return jax.vmap(self.env.reset)(env_keys(key, self.num_envs))
+
+    def step_keys(self, key: jax.Array, steps: int) -> jax.Array:
+        """The keys of ``steps`` batched steps, ``[steps, B@batch]``."""
+        return step_keys(key, steps, self.num_envs)
 
     def _obs(self, state) -> jax.Array:
         return state.obs.reshape(self.num_envs, -1).astype(jnp.float32)
@@ -141,7 +154,8 @@ class BraxEnv:
         return constrain_batch(EnvBatch(state, self._obs(state), stats))
 
     def step(self, key: jax.Array, batch: EnvBatch, action: jax.Array):
-        """``action``: ``[B@data, A]`` float in ``[-1, 1]`` -> ``(EnvBatch, Transition)``."""
+        """``key``: one key, or one per environment ``[B@batch]``; ``action``: ``[B@data, A]``
+        float in ``[-1, 1]`` -> ``(EnvBatch, Transition)``."""
         action = action.reshape(self.num_envs, self.spec.action_dim).astype(jnp.float32)
         with _quiet():
             state = jax.vmap(self.env.step)(batch.state, action)

@@ -17,7 +17,7 @@ import numpy as np
 from flax import struct
 
 from rljax.errors import ConfigError
-from rljax.parallel.rules import constrain_batch
+from rljax.parallel.rules import constrain, constrain_batch
 
 # Discrete-action gymnax environments (MNISTBandit-bsuite is left out: it downloads MNIST).
 DISCRETE_ENVS = (
@@ -216,12 +216,18 @@ class BatchedEnv:
         stats = EpisodeStats(zeros_f, zeros_i, zeros_f, zeros_i, zeros_i)
         return constrain_batch(EnvBatch(state, self._flat(obs), stats))
 
+    def step_keys(self, key: jax.Array, steps: int) -> jax.Array:
+        """The keys of ``steps`` batched steps, ``[steps, B@batch]``, in one draw (see
+        ``env_keys``)."""
+        return step_keys(key, steps, self.num_envs)
+
     def step(self, key: jax.Array, batch: EnvBatch, action: jax.Array):
-        """``action``: ``[B@data]`` int (discrete) or ``[B@data, A]`` float within the bounds
+        """``key``: one key, or one per environment ``[B@batch]`` (a row of ``step_keys``);
+        ``action``: ``[B@data]`` int (discrete) or ``[B@data, A]`` float within the bounds
         (continuous) -> ``(EnvBatch, Transition)``."""
         if self.spec.continuous:
             action = action.reshape(self.num_envs, *self._action_shape)
-        keys = jax.random.split(key, self.num_envs)
+        keys = env_keys(key, self.num_envs)
         obs, state, reward, terminated, truncated, info = jax.vmap(
             self.env.step, in_axes=(0, 0, 0, None)
         )(keys, batch.state, action, self.params)
@@ -235,6 +241,18 @@ class BatchedEnv:
             batch.obs, reward, terminated, truncated, self._flat(info["final_observation"])
         )
         return new_batch, transition
+
+
+def step_keys(key: jax.Array, steps: int, num_envs: int) -> jax.Array:
+    """``[steps, num_envs@batch]`` keys from one split: on CPU every split is a rolled loop of
+    its own, so a rollout's keys drawn at once spare ``steps - 1`` of them."""
+    return constrain(jax.random.split(key, (steps, num_envs)), None, "batch")
+
+
+def env_keys(key: jax.Array, num_envs: int) -> jax.Array:
+    """One key per environment: ``key`` split ``num_envs`` ways, or ``key`` itself when it
+    already holds ``[num_envs]`` keys."""
+    return key if key.shape == (num_envs,) else jax.random.split(key, num_envs)
 
 
 def make_env(name: str, num_envs: int):

@@ -59,12 +59,23 @@ def tanh_log_det(u: jax.Array) -> jax.Array:
 class Categorical:
     """Discrete actions: the policy output is ``logits [B, A]``; actions ``[B]`` int32."""
 
+    num_actions: int = 0  # A (for ``noise``)
     continuous = False
     action_shape: tuple[int, ...] = ()
     action_dtype = jnp.int32
 
     def sample(self, key, logits):
         return sample(key, logits)
+
+    def noise(self, key, lead: tuple[int, ...]) -> jax.Array:
+        """Gumbel noise ``[*lead, A]`` for ``sample_with``, drawn for a whole rollout at once:
+        on CPU each random draw is a rolled loop of its own, so one draw of ``[T, B, A]`` costs
+        about what one of ``[B, A]`` does."""
+        return jax.random.gumbel(key, (*lead, self.num_actions), jnp.float32)
+
+    def sample_with(self, noise, logits):
+        """``jax.random.categorical``'s own Gumbel-max, on ``noise`` drawn beforehand."""
+        return jnp.argmax(logits + noise, axis=-1).astype(jnp.int32)
 
     def log_prob(self, logits, action):
         return log_prob(logits, action)
@@ -105,7 +116,15 @@ class DiagGaussian:
 
     def sample(self, key, out):
         mean, log_std = out
-        return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
+        return self.sample_with(jax.random.normal(key, mean.shape, mean.dtype), out)
+
+    def noise(self, key, lead: tuple[int, ...]) -> jax.Array:
+        """Standard normal noise ``[*lead, A]`` for ``sample_with``."""
+        return jax.random.normal(key, (*lead, *self.action_shape), jnp.float32)
+
+    def sample_with(self, noise, out):
+        mean, log_std = out
+        return mean + jnp.exp(log_std) * noise
 
     def log_prob(self, out, action):
         mean, log_std = out
@@ -134,5 +153,5 @@ def for_spec(spec, squash: str = "none") -> Categorical | DiagGaussian:
     """The policy distribution of environment ``spec`` (an ``EnvSpec``): categorical for a
     discrete action space, a diagonal Gaussian for a Box (``squash`` applies to it only)."""
     if not spec.continuous:
-        return Categorical()
+        return Categorical(spec.num_actions)
     return DiagGaussian(tuple(spec.action_low), tuple(spec.action_high), squash)
