@@ -40,6 +40,7 @@ Run (full benchmark, takes a while on CPU):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -65,6 +66,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--total-timesteps", type=int, default=500_000, help="env steps per seed")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 8, 64], help="seed counts")
+    p.add_argument(
+        "--num-envs", type=int, default=4, help="environments per seed (both implementations)"
+    )
+    p.add_argument(
+        "--implementations",
+        nargs="+",
+        choices=["rljax", "ceiling", "purejaxrl"],
+        default=["rljax", "ceiling", "purejaxrl"],
+        help="rows of the single group (e.g. rljax alone for 1,024 seeds, where the PureJaxRL "
+        "port's vmapped init deadlocks)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per row (best is reported)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     p.add_argument(
@@ -96,6 +108,7 @@ class Candidate(NamedTuple):
     run: Callable[[Any], Any]  # input -> output (timed)
     fresh_input: Callable[[], Any]  # a new input before every repeat (untimed)
     final_return: Callable[[Any], float]  # output -> final return
+    solved: Callable[[Any], float] | None = None  # output -> fraction of seeds at >= 475
 
 
 def log(msg: str) -> None:
@@ -106,7 +119,14 @@ def log(msg: str) -> None:
 # Worker (one subprocess per device group). JAX is imported only here, after the device count is
 # configured.
 # ------------------------------------------------------------------------------------------------
-def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: int) -> dict:
+def worker(
+    group: str,
+    total_timesteps: int,
+    seed_counts: list[int],
+    repeats: int,
+    num_envs: int = 4,
+    implementations: tuple[str, ...] = ("rljax", "ceiling", "purejaxrl"),
+) -> dict:
     import jax
 
     jax.config.update("jax_num_cpu_devices", GROUP_DEVICES[group])
@@ -118,11 +138,11 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
     from rljax.parallel import make_mesh
     from rljax.run.sharded import ShardedRun
 
-    cfg = PPOConfig(total_timesteps=total_timesteps)
+    cfg = PPOConfig(total_timesteps=total_timesteps, num_envs=num_envs)
     steps_per_seed = cfg.num_updates * cfg.batch_size
     key = jax.random.key(0)
 
-    def row(impl, mesh, seeds, compile_detail, times, final_return):
+    def row(impl, mesh, seeds, compile_detail, times, final_return, solved=None):
         best, compile_s = min(times), sum(compile_detail.values())
         steps = steps_per_seed * seeds
         r = {
@@ -136,6 +156,8 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
             "env_steps": steps,
             "steps_per_s": steps / best,
             "final_return_mean": final_return,
+            "solved_fraction": solved,
+            "end_to_end_s": compile_s + best,
         }
         log(
             f"[{group}] {impl:<15} {mesh:<15} seeds={seeds:<3} compile {compile_s:7.2f}s  "
@@ -162,6 +184,7 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
             run=lambda state: run.run_chunk(state, cfg.num_updates),
             fresh_input=lambda: run.init(key),
             final_return=lambda out: float(np.mean(np.asarray(out[1]["episode_return"][-1]))),
+            solved=lambda out: float(np.mean(np.asarray(out[1]["episode_return"][-1]) >= 475)),
         )
 
     def ceiling_candidate(seeds):
@@ -207,7 +230,9 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
         sys.path.insert(0, str(REPO_ROOT))
         from experiments.baselines.purejaxrl_ppo import DEFAULT_CONFIG, make_train
 
-        train = make_train({**DEFAULT_CONFIG, "TOTAL_TIMESTEPS": total_timesteps})
+        train = make_train(
+            {**DEFAULT_CONFIG, "TOTAL_TIMESTEPS": total_timesteps, "NUM_ENVS": num_envs}
+        )
         if seeds == 1:
             keys = jax.random.key(42)
         else:
@@ -228,16 +253,18 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
     rows: list[dict[str, Any]] = []
     for seeds in seed_counts:
         if group == "single":
-            candidates = [
-                rljax_candidate(SINGLE_MESH, seeds),
-                ceiling_candidate(seeds),
-                purejaxrl_candidate(seeds),
-            ]
+            makers = {
+                "rljax": functools.partial(rljax_candidate, SINGLE_MESH),
+                "ceiling": ceiling_candidate,
+                "purejaxrl": purejaxrl_candidate,
+            }
+            candidates = [make(seeds) for name, make in makers.items() if name in implementations]
         else:
             candidates = [rljax_candidate(MULTI_MESH, seeds)]
         # Repeats alternate between implementations, so load drift on the machine hits all alike.
         times: list[list[float]] = [[] for _ in candidates]
         finals: list[float] = [0.0] * len(candidates)
+        solved: list[float | None] = [None] * len(candidates)
         for _ in range(repeats):
             for i, c in enumerate(candidates):
                 arg = jax.block_until_ready(c.fresh_input())
@@ -245,8 +272,9 @@ def worker(group: str, total_timesteps: int, seed_counts: list[int], repeats: in
                 out = jax.block_until_ready(c.run(arg))
                 times[i].append(time.perf_counter() - t0)
                 finals[i] = c.final_return(out)
-        for c, t, final in zip(candidates, times, finals, strict=True):
-            rows.append(row(c.implementation, c.mesh, seeds, c.compile_s, t, final))
+                solved[i] = c.solved(out) if c.solved else None
+        for c, t, final, ok in zip(candidates, times, finals, solved, strict=True):
+            rows.append(row(c.implementation, c.mesh, seeds, c.compile_s, t, final, ok))
 
     return {"group": group, "rows": rows, **jax_info(jax, cfg)}
 
@@ -278,6 +306,10 @@ def run_group(group: str, args: argparse.Namespace) -> dict:
         str(args.total_timesteps),
         "--repeats",
         str(args.repeats),
+        "--num-envs",
+        str(args.num_envs),
+        "--implementations",
+        *args.implementations,
         "--seeds",
         *map(str, args.seeds),
     ]
@@ -302,19 +334,25 @@ def run_group(group: str, args: argparse.Namespace) -> dict:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    """Rows as markdown; ``vs purejaxrl`` is steps/s over the PureJaxRL row with the same seeds."""
+    """Rows as markdown; ``vs purejaxrl`` is steps/s over the PureJaxRL row with the same seeds;
+    ``end to end s`` is compile plus the best timed run; ``seeds >= 475`` the fraction of seeds
+    whose last update's training return is at least 475 (rljax rows)."""
     baseline = {r["seeds"]: r["steps_per_s"] for r in rows if r["implementation"] == "purejaxrl"}
     lines = [
         "| implementation | mesh | seeds | compile s | steps/s | vs purejaxrl "
-        "| final training return (last update) |",
-        "|---|---|--:|--:|--:|--:|--:|",
+        "| end to end s | final training return (last update) | seeds >= 475 |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         ratio = baseline.get(r["seeds"]) if r["mesh"] == SINGLE_MESH else None
         ratio = f"{r['steps_per_s'] / ratio:.2f}x" if ratio else "-"
+        end = r.get("end_to_end_s", r["compile_s"] + r["run_s"])
+        solved = r.get("solved_fraction")
+        solved = "-" if solved is None else f"{100 * solved:.0f} %"
         lines.append(
             f"| {r['implementation']} | {r['mesh']} | {r['seeds']} | {r['compile_s']:.2f} "
-            f"| {r['steps_per_s']:,.0f} | {ratio} | {r['final_return_mean']:.1f} |"
+            f"| {r['steps_per_s']:,.0f} | {ratio} | {end:,.1f} | {r['final_return_mean']:.1f} "
+            f"| {solved} |"
         )
     return "\n".join(lines)
 
@@ -327,7 +365,14 @@ def sort_key(r: dict) -> tuple:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args._worker:
-        result = worker(args._worker, args.total_timesteps, args.seeds, args.repeats)
+        result = worker(
+            args._worker,
+            args.total_timesteps,
+            args.seeds,
+            args.repeats,
+            args.num_envs,
+            tuple(args.implementations),
+        )
         print(RESULT_MARKER + json.dumps(result), flush=True)
         return
 
@@ -363,7 +408,16 @@ def main(argv: list[str] | None = None) -> None:
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     tmp.replace(args.out)
-    print(f"\nwrote {args.out}")
+    md = args.out.with_suffix(".md")
+    md.write_text(
+        f"# PPO throughput: rljax vs PureJaxRL\n\n`python experiments/bench_ppo.py "
+        f"{' '.join(sys.argv[1:])}` on {os.cpu_count()} CPUs, jax {first['jax_version']} "
+        f"({first['backend']}), {started}. PPO {first['config']['env']}, "
+        f"{first['config']['num_envs']} envs x {first['config']['num_steps']} steps, "
+        f"{first['num_updates']} updates per seed; best of {args.repeats} alternating repeats, "
+        f"compile time apart.\n\n{table}\n"
+    )
+    print(f"\nwrote {args.out} and {md}")
 
 
 if __name__ == "__main__":

@@ -198,6 +198,7 @@ class BatchedEnv:
                 f"{name} has a {type(space).__name__} action space; need Discrete or Box"
             )
         self.num_envs = num_envs
+        self._resets_like_gymnax = resets_like_gymnax(self.env)
 
     @property
     def time_limit(self) -> int | None:
@@ -216,21 +217,56 @@ class BatchedEnv:
         stats = EpisodeStats(zeros_f, zeros_i, zeros_f, zeros_i, zeros_i)
         return constrain_batch(EnvBatch(state, self._flat(obs), stats))
 
-    def step_keys(self, key: jax.Array, steps: int) -> jax.Array:
-        """The keys of ``steps`` batched steps, ``[steps, B@batch]``, in one draw (see
-        ``env_keys``)."""
-        return step_keys(key, steps, self.num_envs)
+    def step_keys(self, key: jax.Array, steps: int):
+        """The randomness of ``steps`` batched steps, drawn at once (rows for ``step``): a
+        ``StepDraws`` ``[steps, B@batch, ...]`` when the environment auto-resets as gymnax's
+        ``Environment.step`` does, else keys ``[steps, B@batch]``.
 
-    def step(self, key: jax.Array, batch: EnvBatch, action: jax.Array):
-        """``key``: one key, or one per environment ``[B@batch]`` (a row of ``step_keys``);
+        gymnax's ``step`` splits its key and computes a fresh reset at every step for every
+        environment, ended or not; ``StepDraws`` holds those resets computed ahead, so a
+        rollout makes its random draws in three calls instead of two per step (on CPU each is a
+        rolled loop of its own)."""
+        if not self._resets_like_gymnax:
+            return step_keys(key, steps, self.num_envs)
+        step_key, reset_key = jax.random.split(key)
+        reset = jax.vmap(jax.vmap(self.env.reset_env, in_axes=(0, None)), in_axes=(0, None))
+        obs, state = reset(step_keys(reset_key, steps, self.num_envs), self.params)
+        obs = obs.reshape(steps, self.num_envs, -1).astype(jnp.float32)
+        state = jax.tree.map(lambda x: constrain(x, None, "batch"), state)
+        return StepDraws(step_keys(step_key, steps, self.num_envs), obs, state)
+
+    def step(self, key, batch: EnvBatch, action: jax.Array):
+        """``key``: one key, one per environment ``[B@batch]``, or a row of ``step_keys``;
         ``action``: ``[B@data]`` int (discrete) or ``[B@data, A]`` float within the bounds
         (continuous) -> ``(EnvBatch, Transition)``."""
         if self.spec.continuous:
             action = action.reshape(self.num_envs, *self._action_shape)
+        if isinstance(key, StepDraws):
+            return self._step_drawn(key, batch, action)
         keys = env_keys(key, self.num_envs)
         obs, state, reward, terminated, truncated, info = jax.vmap(
             self.env.step, in_axes=(0, 0, 0, None)
         )(keys, batch.state, action, self.params)
+        return self._after_step(batch, obs, state, reward, terminated, truncated, info)
+
+    def _step_drawn(self, draws: StepDraws, batch: EnvBatch, action: jax.Array):
+        """gymnax's ``Environment.step`` (gymnax 1.0) with the reset drawn ahead."""
+        obs_st, state_st, reward, terminated, info = jax.vmap(
+            self.env.step_env, in_axes=(0, 0, 0, None)
+        )(draws.keys, batch.state, action, self.params)
+        truncated = jax.vmap(self.env.is_truncated, in_axes=(0, None))(state_st, self.params)
+        done = jnp.logical_or(terminated, truncated)
+
+        def select(reset, stepped):
+            mask = done.reshape(done.shape + (1,) * (stepped.ndim - 1))
+            return jnp.where(mask, reset, stepped).astype(stepped.dtype)
+
+        state = jax.tree.map(select, draws.reset_state, state_st)
+        obs = select(draws.reset_obs, self._flat(obs_st))
+        info = {**info, "final_observation": obs_st}
+        return self._after_step(batch, obs, state, reward, terminated, truncated, info)
+
+    def _after_step(self, batch, obs, state, reward, terminated, truncated, info):
         reward = reward.astype(jnp.float32)
         terminated = terminated.astype(bool)
         truncated = jnp.logical_and(truncated.astype(bool), jnp.logical_not(terminated))
@@ -241,6 +277,27 @@ class BatchedEnv:
             batch.obs, reward, terminated, truncated, self._flat(info["final_observation"])
         )
         return new_batch, transition
+
+
+class StepDraws(NamedTuple):
+    """The randomness of batched steps drawn ahead, leaves ``[..., B@batch, ...]``: the keys of
+    gymnax's ``step_env`` and the reset each step would switch an ended episode to."""
+
+    keys: jax.Array  # [..., B@batch]
+    reset_obs: jax.Array  # [..., B@batch, D] flattened
+    reset_state: Any  # gymnax env state, leaves [..., B@batch, ...]
+
+
+def resets_like_gymnax(env) -> bool:
+    """``env`` steps with gymnax's own ``Environment.step`` (auto-reset from ``reset_env``),
+    possibly under an ``ObservationWrapper``; environments that override ``step`` (bsuite's
+    DeepSea) keep their own."""
+    from gymnax.environments.environment import Environment
+
+    from rljax.envs.wrappers import ObservationWrapper
+
+    inner = env._env if isinstance(env, ObservationWrapper) else env
+    return isinstance(inner, Environment) and type(inner).step is Environment.step
 
 
 def step_keys(key: jax.Array, steps: int, num_envs: int) -> jax.Array:

@@ -41,6 +41,15 @@ class ObservationWrapper:
         obs, state = self._env.reset(key, params)
         return self.observation(obs), state
 
+    def reset_env(self, key: jax.Array, params) -> tuple[jax.Array, Any]:
+        obs, state = self._env.reset_env(key, params)
+        return self.observation(obs), state
+
+    def step_env(self, key: jax.Array, state, action, params):
+        """gymnax's ``step_env`` (no auto-reset): ``(obs, state, reward, terminated, info)``."""
+        obs, state, reward, terminated, info = self._env.step_env(key, state, action, params)
+        return self.observation(obs), state, reward, terminated, info
+
     @partial(jax.jit, static_argnames=("self",))
     def step(self, key: jax.Array, state, action, params=None):
         obs, state, reward, terminated, truncated, info = self._env.step(key, state, action, params)
