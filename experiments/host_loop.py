@@ -62,6 +62,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true")
+    p.add_argument(
+        "--log-every",
+        type=int,
+        nargs="+",
+        default=[25, 100],
+        help="train() rows, one per chunk size (RunConfig log_every; 25 is the default)",
+    )
     p.add_argument("--out", type=Path, default=REPO_ROOT / "experiments/results/host_loop.json")
     args = p.parse_args(argv)
 
@@ -82,7 +89,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     bare.compile(jax.random.key(0))
     bare_compile = time.perf_counter() - t0
-    speeds = {"bare loop": [], "train()": [], "train() inside chunks": []}
+    speeds = {"bare loop": []}
+    for every in args.log_every:
+        speeds[f"train() log_every={every}"] = []
+        speeds[f"train() log_every={every}, inside chunks"] = []
     train_compile, hooks = [], []
     for repeat in range(args.repeats):
         seconds, _, _ = timed(
@@ -92,15 +102,20 @@ def main(argv=None) -> int:
         )
         speeds["bare loop"].append(steps / seconds)
         log(f"repeat {repeat}: bare loop {speeds['bare loop'][-1]:,.0f} steps/s")
-        totals.clear(), calls.clear()
-        with tempfile.TemporaryDirectory() as tmp:
-            result = train(config, RunConfig.make(runs_dir=tmp, run_name="x", quiet=True))
-        speeds["train()"].append(result.steps_per_second)
-        speeds["train() inside chunks"].append(result.compiled_steps_per_second)
-        train_compile.append(sum(result.compile_seconds.values()))
-        hooks.append({k: (round(totals[k], 3), calls[k]) for k in totals})
-        log(f"repeat {repeat}: train() {result.steps_per_second:,.0f} steps/s "
-            f"({result.compiled_steps_per_second:,.0f} inside chunks); hooks {hooks[-1]}")
+        for every in args.log_every:
+            totals.clear(), calls.clear()
+            with tempfile.TemporaryDirectory() as tmp:
+                run = RunConfig.make(runs_dir=tmp, run_name="x", quiet=True, log_every=every)
+                result = train(config, run)
+            speeds[f"train() log_every={every}"].append(result.steps_per_second)
+            speeds[f"train() log_every={every}, inside chunks"].append(
+                result.compiled_steps_per_second
+            )
+            train_compile.append(sum(result.compile_seconds.values()))
+            hooks.append({k: (round(totals[k], 3), calls[k]) for k in totals})
+            log(f"repeat {repeat}: train() log_every={every} {result.steps_per_second:,.0f} "
+                f"steps/s ({result.compiled_steps_per_second:,.0f} inside chunks); "
+                f"hooks {hooks[-1]}")  # fmt: skip
 
     best = {k: max(v) for k, v in speeds.items()}
     rows = [
@@ -130,7 +145,7 @@ def main(argv=None) -> int:
         "",
         table,
         "",
-        "Host seconds per hook in the last train() repeat:",
+        f"Host seconds per hook in the last train() repeat (log_every={args.log_every[-1]}):",
         "",
         *hook_lines,
         "",
