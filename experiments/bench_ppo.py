@@ -7,6 +7,8 @@ actor and critic, 4 epochs x 4 minibatches, lr 2.5e-4 linearly annealed.
 Rows
   rljax            ``ShardedRun`` on mesh ``data=1,model=1`` (1 device), 1 / 8 / 64 vmapped seeds
   rljax            ``ShardedRun`` on mesh ``data=2,model=2`` (4 emulated CPU devices), same seeds
+  rljax            ``--groups seeds``: mesh ``data=4`` with the seeds on ``data`` (each device
+                   trains its own seeds; no gradient collectives); vs the 1-device rljax row
   rollout ceiling  ``PPO.rollout`` (policy sampling + env stepping, no critic-on-final-obs, no GAE,
                    no SGD) scanned over ``num_updates`` and vmapped over seeds, on one device
   purejaxrl        ``experiments/baselines/purejaxrl_ppo.py``:
@@ -55,7 +57,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "experiments" / "results" / "bench_ppo.json"
 SINGLE_MESH = "data=1,model=1"
 MULTI_MESH = "data=2,model=2"
-GROUP_DEVICES = {"single": 1, "mesh": 4}
+SEEDS_MESH = "data=4"
+GROUP_DEVICES = {"single": 1, "mesh": 4, "seeds": 4}
 RESULT_MARKER = "@@BENCH_PPO_RESULT@@ "
 ROW_ORDER = {"rljax": 0, "rollout ceiling": 2, "purejaxrl": 3}
 
@@ -84,7 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         choices=sorted(GROUP_DEVICES),
         default=["single", "mesh"],
-        help="subprocess groups to run (single: 1 device; mesh: 4 emulated devices)",
+        help="subprocess groups to run (single: 1 device; mesh: 4 emulated devices, "
+        "data=2,model=2; seeds: 4 emulated devices, data=4 with the seeds on data, no "
+        "gradient collectives)",
     )
     p.add_argument(
         "--worker-timeout",
@@ -135,7 +140,8 @@ def worker(
     import numpy as np
 
     from rljax import PPO, PPOConfig
-    from rljax.parallel import make_mesh
+    from rljax.parallel import Layout, make_mesh
+    from rljax.parallel.rules import seeds_on
     from rljax.run.sharded import ShardedRun
 
     cfg = PPOConfig(total_timesteps=total_timesteps, num_envs=num_envs)
@@ -173,13 +179,17 @@ def worker(
         )
         return float(np.mean(per_seed))
 
-    def rljax_candidate(mesh_spec, seeds):
+    def rljax_candidate(mesh_spec, seeds, seed_axis=None):
         mesh = make_mesh(mesh_spec)
-        run = ShardedRun(PPO(cfg), mesh, num_seeds=seeds, chunk_size=cfg.num_updates)
+        layout = Layout(mesh, seeds_on(seed_axis))
+        replicas = layout.shards("replica")
+        run = ShardedRun(
+            PPO(cfg, replicas=replicas), layout, num_seeds=seeds, chunk_size=cfg.num_updates
+        )
         run.compile(key)
         return Candidate(
             "rljax",
-            mesh_spec,
+            mesh_spec + (f", seeds on {seed_axis}" if seed_axis else ""),
             dict(run.compile_seconds),
             run=lambda state: run.run_chunk(state, cfg.num_updates),
             fresh_input=lambda: run.init(key),
@@ -259,6 +269,8 @@ def worker(
                 "purejaxrl": purejaxrl_candidate,
             }
             candidates = [make(seeds) for name, make in makers.items() if name in implementations]
+        elif group == "seeds":
+            candidates = [rljax_candidate(SEEDS_MESH, seeds, seed_axis="data")]
         else:
             candidates = [rljax_candidate(MULTI_MESH, seeds)]
         # Repeats alternate between implementations, so load drift on the machine hits all alike.
@@ -338,6 +350,11 @@ def markdown_table(rows: list[dict]) -> str:
     ``end to end s`` is compile plus the best timed run; ``seeds >= 475`` the fraction of seeds
     whose last update's training return is at least 475 (rljax rows)."""
     baseline = {r["seeds"]: r["steps_per_s"] for r in rows if r["implementation"] == "purejaxrl"}
+    one_device = {
+        r["seeds"]: r["steps_per_s"]
+        for r in rows
+        if r["implementation"] == "rljax" and r["mesh"] == SINGLE_MESH
+    }
     lines = [
         "| implementation | mesh | seeds | compile s | steps/s | vs purejaxrl "
         "| end to end s | final training return (last update) | seeds >= 475 |",
@@ -346,6 +363,8 @@ def markdown_table(rows: list[dict]) -> str:
     for r in rows:
         ratio = baseline.get(r["seeds"]) if r["mesh"] == SINGLE_MESH else None
         ratio = f"{r['steps_per_s'] / ratio:.2f}x" if ratio else "-"
+        if "seeds on" in r["mesh"] and r["seeds"] in one_device:
+            ratio = f"{r['steps_per_s'] / one_device[r['seeds']]:.2f}x of rljax 1 device"
         end = r.get("end_to_end_s", r["compile_s"] + r["run_s"])
         solved = r.get("solved_fraction")
         solved = "-" if solved is None else f"{100 * solved:.0f} %"

@@ -123,12 +123,21 @@ def make_train(config):
         updates = count // (config["NUM_MINIBATCHES"] * config["UPDATE_EPOCHS"])
         return config["LR"] * (1.0 - updates / config["NUM_UPDATES"])
 
-    def train(rng):
-        network = ActorCriticRNN(env.action_space(env_params).n)
-        rng, init_rng, reset_rng = jax.random.split(rng, 3)
+    network = ActorCriticRNN(env.action_space(env_params).n)
+
+    def init(rng):
+        """The network's initial parameters, as ``train(rng)`` draws them."""
+        _, init_rng, _ = jax.random.split(rng, 3)
         obs_shape = env.observation_space(env_params).shape
         init_x = (jnp.zeros((1, num_envs, *obs_shape)), jnp.zeros((1, num_envs), bool))
-        params = network.init(init_rng, ScannedRNN.initialize_carry(num_envs), init_x)
+        return network.init(init_rng, ScannedRNN.initialize_carry(num_envs), init_x)
+
+    def train(rng, params=None):
+        # params: init(rng) computed beforehand (e.g. lax.map over seeds: a vmapped orthogonal
+        # init, a batched LAPACK QR, can deadlock on jaxlib 0.10's CPU backend).
+        if params is None:
+            params = init(rng)
+        rng, _, reset_rng = jax.random.split(rng, 3)
         lr = linear_schedule if config["ANNEAL_LR"] else config["LR"]
         tx = optax.chain(
             optax.clip_by_global_norm(config["MAX_GRAD_NORM"]), optax.adam(lr, eps=1e-5)
@@ -243,4 +252,5 @@ def make_train(config):
         runner_state, metrics = jax.lax.scan(update_step, runner_state, None, config["NUM_UPDATES"])
         return {"runner_state": runner_state, "metrics": metrics}
 
+    train.init = init
     return train

@@ -72,9 +72,11 @@ def load_run(
     checkpoints = run_dir / "checkpoints"
     if not checkpoints.is_dir():
         raise ConfigError(f"cannot {verb} {str(run_dir)!r}: it has no checkpoints directory")
+    staleness = run.parallel.max_staleness if run.parallel.actor_mesh is not None else None
     run = run.replace(
-        mesh=mesh or "data=1,model=1", num_devices=num_devices, seed_axis="none", resume=None
-    )
+        mesh=mesh or "data=1,model=1", num_devices=num_devices, seed_axis="none", resume=None,
+        actor_mesh=None, learner_mesh=None, max_staleness=0,
+    )  # fmt: skip
     layout, algo = prepare(algo_config, run)
     sharded = ShardedRun(algo, layout, num_seeds=run.num_seeds, chunk_size=1)
     with Checkpointer(checkpoints, keep=None, async_save=False) as ckpt:
@@ -89,8 +91,32 @@ def load_run(
                 f"{', '.join(map(str, steps)) or 'none'}"
             )
         try:
-            state = restore_step(ckpt, step, sharded)
+            if staleness is None:
+                state = restore_step(ckpt, step, sharded)
+            else:
+                state = _restore_actor_learner(ckpt, step, sharded, staleness)
         except CheckpointError as error:
             raise ConfigError(f"cannot {verb} {str(run_dir)!r}: {error}") from None
     jax.block_until_ready(state)
     return LoadedRun(run_dir, algorithm, algo_config, run, algo, sharded, state, step, steps)
+
+
+def _restore_actor_learner(ckpt, step: int, sharded, max_staleness: int):
+    """An actor-learner checkpoint (``ActorLearnerState``) as the one-mesh state of ``sharded``:
+    the learner's parameters and optimizer with the actors' environments, key and normalisers.
+    The queued (stale) parameter versions are left behind."""
+    import jax
+
+    from rljax.run.actor_learner import ActorLearnerRun
+
+    layout = sharded.layout
+    reader = ActorLearnerRun(sharded.algo, layout, layout, max_staleness=max_staleness)
+    saved, _ = ckpt.restore(step, reader.abstract_state())
+    actors = saved.actor
+    state = saved.learner.replace(
+        env=actors.env,
+        key=actors.key,
+        obs_stats=actors.obs_stats,
+        reward_scaling=actors.reward_scaling,
+    )
+    return jax.device_put(state, sharded.state_shardings)

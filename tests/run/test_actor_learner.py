@@ -21,6 +21,8 @@ from rljax.run.actor_learner import ActorLearnerRun
 from rljax.run.checkpoint import Checkpointer
 from rljax.run.loop import TIMING_COLUMNS
 from rljax.run.run_log import read_metrics
+from rljax.tools.evaluate import EvalArgs, evaluate_run
+from rljax.tools.runs import load_run
 
 TINY = PPOConfig(
     num_envs=4, num_steps=8, total_timesteps=4 * 8 * 12, num_minibatches=2, update_epochs=2,
@@ -51,6 +53,17 @@ def test_train_runs_hooks_evaluation_checkpoints_and_logs_staleness(tmp_path):
     with Checkpointer(result.run_dir / "checkpoints") as ckpt:
         assert ckpt.latest_valid_step() == 12
     assert int(result.state.learner.update_step) == 12
+    # The tools read it as a one-mesh run: the learner's parameters, the actors' normaliser, and
+    # `rljax eval` reproduces training's own evaluation at update 12.
+    loaded = load_run(result.run_dir)
+    chex.assert_trees_all_close(
+        jax.device_get(loaded.state.params), jax.device_get(result.state.learner.params)
+    )
+    chex.assert_trees_all_close(
+        jax.device_get(loaded.state.obs_stats), jax.device_get(result.state.actor.obs_stats)
+    )
+    report = evaluate_run(EvalArgs(run_dir=str(result.run_dir), step=12, episodes=2))
+    assert report["mean"]["value"] == pytest.approx(rows[-1]["eval_return"], rel=1e-6)
 
 
 def test_bad_input_gets_one_config_error_each_before_compiling(tmp_path):
