@@ -2,10 +2,8 @@
 SIGKILL (bitwise), and one ConfigError per bad input before anything compiles."""
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import chex
@@ -23,6 +21,7 @@ from rljax.run.loop import TIMING_COLUMNS
 from rljax.run.run_log import read_metrics
 from rljax.tools.evaluate import EvalArgs, evaluate_run
 from rljax.tools.runs import load_run
+from tests.run.kill import kill_after_checkpoint
 
 TINY = PPOConfig(
     num_envs=4, num_steps=8, total_timesteps=4 * 8 * 12, num_minibatches=2, update_epochs=2,
@@ -139,13 +138,7 @@ def test_sigkill_after_checkpoint_then_resume_is_bitwise_identical(tmp_path):
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=300)
 
     command, env = cli(*ARGS, "--runs-dir", str(tmp_path), "--run-name", "killed")
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    manifest = tmp_path / "killed" / "checkpoints" / "10" / "rljax_manifest.json"
-    deadline = time.monotonic() + 240
-    while not manifest.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=30) == -signal.SIGKILL, "the run ended before it could be killed"
+    kill_after_checkpoint(command, env, tmp_path / "killed", 10)
     assert 10 <= len(read_metrics(tmp_path / "killed" / "metrics.jsonl")) < 60
 
     command, env = cli("ppo", "--resume", str(tmp_path / "killed"))

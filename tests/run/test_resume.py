@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import chex
@@ -28,6 +27,7 @@ from rljax.run.loop import TIMING_COLUMNS
 from rljax.run.resume import abstract_state
 from rljax.run.run_log import read_metrics
 from rljax.run.sharded import ShardedRun
+from tests.run.kill import kill_after_checkpoint
 
 SMALL = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 8, num_minibatches=2)
 
@@ -67,13 +67,7 @@ def test_sigkill_after_checkpoint_then_resume_is_bitwise_identical(tmp_path):
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=300)
 
     command, env = cli(*KILL_ARGS, "--runs-dir", str(tmp_path), "--run-name", "killed")
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    manifest = tmp_path / "killed" / "checkpoints" / "30" / "rljax_manifest.json"
-    deadline = time.monotonic() + 240
-    while not manifest.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=30) == -signal.SIGKILL, "the run ended before it could be killed"
+    kill_after_checkpoint(command, env, tmp_path / "killed", 30)
     killed_rows = read_metrics(tmp_path / "killed" / "metrics.jsonl")
     assert 30 <= len(killed_rows) < 60
 
