@@ -34,6 +34,7 @@ PPO_ARGS = [
     "--num-minibatches", "2",
     "--log-every", "1",
     "--checkpoint-every", "1",
+    "--checkpoint-min-seconds", "0",
     "--eval-every", "0",
     "--no-measure-comm",
 ]  # fmt: skip

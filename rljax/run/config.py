@@ -84,6 +84,9 @@ class CheckpointConfig:
 
     checkpoint_every: int = _resumable(100)
     """updates between orbax checkpoints (at chunk ends; also at the end and on SIGTERM)."""
+    checkpoint_min_seconds: float = _resumable(30.0)
+    """a periodic checkpoint is skipped while the last save is younger than this (wall clock);
+    0: every checkpoint_every updates. The end of the run and a stop request always save."""
     keep_checkpoints: int = _resumable(3)
     """newest checkpoints kept."""
     resume: str | None = _resumable(None)
@@ -254,6 +257,11 @@ def validate_run(run: RunConfig, layout) -> None:
     for name in ("num_seeds", "log_every", "checkpoint_every", "keep_checkpoints"):
         if values[name] < 1:
             raise ConfigError(f"{name} must be >= 1, got {values[name]}")
+    if not run.checkpointing.checkpoint_min_seconds >= 0:
+        raise ConfigError(
+            "checkpoint_min_seconds must be >= 0 (0: save every checkpoint_every updates), got "
+            f"{run.checkpointing.checkpoint_min_seconds}"
+        )
     if run.faults.max_rollbacks < 0:
         raise ConfigError(f"max_rollbacks must be >= 0, got {run.faults.max_rollbacks}")
     ev = run.evaluation

@@ -9,7 +9,8 @@
                                            a stop): eval_* on the last row
     log_metrics(log)                       every chunk: metrics.jsonl / TensorBoard / wandb
     poll_checkpoints(ckpt)                 every chunk: the previous save becomes durable
-    SaveCheckpoint(session)                every checkpoint_every updates, at the end, on stop
+    SaveCheckpoint(session)                every checkpoint_every updates (at most one per
+                                           checkpoint_min_seconds), at the end, on stop
     Progress(console, loop)                every chunk: one line (rljax.run.progress; entered,
                                            a ticker estimates progress during a chunk)
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import re
 import signal
 import threading
+import time
 import warnings
 
 import jax
@@ -248,11 +250,19 @@ def poll_checkpoints(ckpt):
 
 
 class SaveCheckpoint:
-    """Save the state (add with ``every=checkpoint_every, at_end=True``: also at the end and
-    after a stop request); a state already saved at this update is not saved again."""
+    """Save the state (add with ``every=checkpoint_every, at_end=True, skip=too_soon``: also at
+    the end and after a stop request); a state already saved at this update is not saved
+    again."""
 
     def __init__(self, session):
         self.s = session
+
+    def too_soon(self, update: int) -> bool:
+        """A periodic save younger than ``checkpoint_min_seconds`` after the last one (process
+        0's clock decides for every process: the save is collective)."""
+        floor = self.s.run.checkpointing.checkpoint_min_seconds
+        young = time.monotonic() - self.s.last_save_time < floor
+        return bool(integrity.agree(int(young)))
 
     def __call__(self, info: ChunkInfo) -> None:
         if self.s.last_saved != info.update:

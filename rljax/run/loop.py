@@ -64,13 +64,17 @@ class Hook:
     """``fn(info)`` every ``every`` updates (None: only at the end), optionally at the end;
     ``first``: before the hooks added so far (e.g. a hook that replaces the state, so that the
     non-finite guard checks what it produced); ``reads_state=False``: ``fn`` never reads
-    ``info.state``, so the next chunk may already run (see the module doc)."""
+    ``info.state``, so the next chunk may already run (see the module doc); ``skip(update)``:
+    asked once at a cadence boundary (never at the end), True passes this one by (e.g. a
+    checkpoint younger than a time floor), so a skipped state reader does not hold the next
+    chunk back. With several processes it must answer the same on each."""
 
     fn: HookFn
     every: int | None = 1
     at_end: bool = False
     first: bool = False
     reads_state: bool = True  # False: only rows/metrics/loop; the next chunk may run meanwhile
+    skip: Callable[[int], bool] | None = None  # skip(update): not due at this cadence boundary
 
     def fires(self, first_update: int, update: int) -> bool:
         return bool(self.every) and first_update // self.every < update // self.every
@@ -159,6 +163,8 @@ class Loop:
         self.pipelined_chunks = 0  # boundaries whose hooks ran with the next chunk in flight
         self._rewound = False
         self._replaced = False
+        self._skips: dict[int, bool] = {}  # id(hook) -> skip, at update _skips_at (see _due)
+        self._skips_at: int | None = None
 
     # -- hooks and control --------------------------------------------------------------------
     def add_hook(
@@ -169,8 +175,9 @@ class Loop:
         at_end: bool = False,
         first: bool = False,
         reads_state: bool = True,
+        skip: Callable[[int], bool] | None = None,
     ) -> Hook:
-        hook = fn if isinstance(fn, Hook) else Hook(fn, every, at_end, first, reads_state)
+        hook = fn if isinstance(fn, Hook) else Hook(fn, every, at_end, first, reads_state, skip)
         if hook.every is not None and hook.every < 1:
             raise ValueError(f"hook every must be >= 1 or None (only at_end), got {hook.every}")
         if hook.first:
@@ -269,7 +276,20 @@ class Loop:
         end = chunk.first + chunk.count
         if not self.pipeline or end >= self.num_updates or self.stop_reason is not None:
             return False
-        return not any(h.reads_state and h.fires(chunk.first, end) for h in self.hooks)
+        return not any(h.reads_state and self._due(h, chunk.first, end) for h in self.hooks)
+
+    def _due(self, hook: Hook, first_update: int, update: int) -> bool:
+        """Whether ``hook`` fires on its cadence at the boundary after ``update`` (its ``skip``
+        asked once per boundary: the pipelining decision and the hook run agree)."""
+        if not hook.fires(first_update, update):
+            return False
+        if hook.skip is None:
+            return True
+        if self._skips_at != update:  # one boundary's answers at a time
+            self._skips_at, self._skips = update, {}
+        if id(hook) not in self._skips:
+            self._skips[id(hook)] = bool(hook.skip(update))
+        return not self._skips[id(hook)]
 
     def _run_hooks(self, info: ChunkInfo) -> None:
         self._rewound = self._replaced = False
@@ -277,7 +297,7 @@ class Loop:
         for index, hook in enumerate(list(self.hooks)):
             if self.stop_reason is not None and self.in_flight is None:  # this is the end
                 info.at_end, info.stop_reason = True, self.stop_reason
-            if hook.fires(info.first_update, info.update) or (hook.at_end and info.at_end):
+            if self._due(hook, info.first_update, info.update) or (hook.at_end and info.at_end):
                 fired.add(index)
                 hook.fn(info)
                 if self._rewound:

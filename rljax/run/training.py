@@ -6,7 +6,8 @@ the host, write ``metrics.jsonl``, print progress, evaluate, check for non-finit
 orbax checkpoints (``rljax.run.checkpoint``); the training maths stays in the jitted chunk. Extra
 hooks: ``train(..., hooks=[Hook(fn, every=10), fn, ...])`` (a plain function runs every chunk).
 
-* Checkpoints: every ``checkpoint_every`` updates (at chunk ends) and at the end, the whole
+* Checkpoints: every ``checkpoint_every`` updates (at chunk ends, at most one per
+  ``checkpoint_min_seconds`` of wall clock) and at the end, the whole
   training state (parameters, optimizer and sync state, environment states and observations,
   replay buffer, RNG keys, counters) plus JSON metadata (configs, mesh, replicas, versions,
   env steps). ``resume=<run dir>`` continues from the newest valid checkpoint: same mesh gives
@@ -157,6 +158,7 @@ class Session:
         self.log = self.ckpt = None
         self.started = False  # the first chunk is under way: the run directory is kept
         self.last_saved = 0
+        self.last_save_time = time.monotonic()  # the loop's start counts as a save (the floor)
         self.resume_step: int | None = None  # newest valid checkpoint, found by open()
         self.plan = None  # the compiled programs' memory plan, set by compile()
         self.opened = False  # the run directory has been created (or cleared) and locked
@@ -330,7 +332,7 @@ class Session:
 
     def save(self, state, updates_done: int, known_finite: bool = False) -> None:
         self.ckpt.save(updates_done, state, self.metadata(updates_done), known_finite=known_finite)
-        self.last_saved = updates_done
+        self.last_saved, self.last_save_time = updates_done, time.monotonic()
 
     def restore_latest(self):
         """``(update, state)`` of the newest valid checkpoint, placed on the current mesh (the
@@ -456,8 +458,9 @@ def _train(s: Session, user_hooks, console: Console, t_begin: float) -> TrainRes
         loop.add_hook(builtin.evaluate(s.evaluation), every=run.evaluation.eval_every, at_end=True)
     loop.add_hook(builtin.log_metrics(s.log), **metrics_only)
     loop.add_hook(builtin.poll_checkpoints(s.ckpt), **metrics_only)
+    save = builtin.SaveCheckpoint(s)
     every = run.checkpointing.checkpoint_every
-    loop.add_hook(builtin.SaveCheckpoint(s), every=every, at_end=True)
+    loop.add_hook(save, every=every, at_end=True, skip=save.too_soon)
     progress = Progress(console, loop)  # after the save: its steps/s includes that host work
     loop.add_hook(progress, **metrics_only)
     for hook in user_hooks:
@@ -477,6 +480,7 @@ def _train(s: Session, user_hooks, console: Console, t_begin: float) -> TrainRes
         say(f"initialised {len(params)} parameters from {s.transfer.source} ({s.transfer.part})")
     else:
         done, state = 0, s.sharded.init(key)
+    s.last_save_time = time.monotonic()  # compiled and restored: the time floor starts here
     s.started = True  # from here SIGINT/SIGTERM finish the chunk and save (StopSignals)
     with signals, progress:  # also over the last save: a late signal must not split the processes
         state = loop.run(state, start=done)

@@ -123,7 +123,8 @@ def normalized_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("norm")
     options = dict(mesh="data=2", quiet=True, measure_comm=False, log_every=2)
     run = RunConfig.make(
-        runs_dir=str(runs), run_name="n", checkpoint_every=2, eval_every=2, eval_episodes=2,
+        runs_dir=str(runs), run_name="n", checkpoint_every=2, checkpoint_min_seconds=0,
+        eval_every=2, eval_episodes=2,
         **options,
     )  # fmt: skip
     return train(LOCAL, run), options

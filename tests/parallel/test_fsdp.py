@@ -192,6 +192,7 @@ def fsdp_run(tmp_path_factory):
         run_name="f",
         log_every=2,
         checkpoint_every=4,
+        checkpoint_min_seconds=0,
         eval_every=0,
         quiet=True,
     )

@@ -32,7 +32,8 @@ TINY = PPOConfig(
 def al_run(tmp_path, **flat):
     return RunConfig.make(
         actor_mesh="data=2", learner_mesh="data=1,model=2", max_staleness=2, log_every=4,
-        checkpoint_every=8, eval_every=8, eval_episodes=2, runs_dir=str(tmp_path), quiet=True,
+        checkpoint_every=8, checkpoint_min_seconds=0, eval_every=8, eval_episodes=2,
+        runs_dir=str(tmp_path), quiet=True,
         **flat,
     )  # fmt: skip
 
@@ -105,6 +106,7 @@ ARGS = [
     "--total-timesteps", str(16 * 128 * 60),
     "--log-every", "5",
     "--checkpoint-every", "10",
+    "--checkpoint-min-seconds", "0",
     "--eval-every", "0",
     "--actor-mesh", "data=1",
     "--learner-mesh", "data=1",

@@ -29,6 +29,11 @@ def test_non_positive_learning_rate():
     assert "lr (learning rate) must be > 0, got 0.0" in error_of(PPOConfig(lr=0.0))
 
 
+def test_negative_checkpoint_time_floor():
+    message = error_of(run=RunConfig.make(checkpoint_min_seconds=-1.0))
+    assert "checkpoint_min_seconds must be >= 0 (0: save every checkpoint_every updates)" in message
+
+
 def test_num_envs_not_divisible_by_data():
     message = error_of(PPOConfig(num_envs=6), RunConfig.make(mesh="data=4,model=1"))
     assert "num_envs=6 is not divisible by the 4 data-parallel shards" in message

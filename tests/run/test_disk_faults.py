@@ -22,7 +22,8 @@ from rljax.run.run_log import read_metrics
 SMALL = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 8, num_minibatches=2)
 FLAGS = [
     "--num-envs", "8", "--num-steps", "16", "--num-minibatches", "2",
-    "--log-every", "2", "--checkpoint-every", "4", "--eval-every", "0", "--quiet",
+    "--log-every", "2", "--checkpoint-every", "4", "--checkpoint-min-seconds", "0",
+    "--eval-every", "0", "--quiet",
     "--mesh", "data=2,model=2",
 ]  # fmt: skip
 ENOSPC = f"{os.strerror(errno.ENOSPC)} (errno {errno.ENOSPC})"
@@ -72,7 +73,7 @@ def finished_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("finished")
     run = RunConfig.make(
         runs_dir=str(tmp_path), run_name="done", mesh="data=2,model=2", log_every=2,
-        checkpoint_every=4, eval_every=0, quiet=True,
+        checkpoint_every=4, checkpoint_min_seconds=0, eval_every=0, quiet=True,
     )  # fmt: skip
     train(SMALL, run)
     return tmp_path / "done"

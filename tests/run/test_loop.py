@@ -204,6 +204,27 @@ def test_the_next_chunk_runs_during_hooks_that_do_not_read_the_state():
     assert [r["update"] for r in loop.rows] == list(range(1, 9))
 
 
+def test_a_skipped_state_hook_is_asked_once_per_boundary_and_does_not_hold_the_next_chunk():
+    events, asked = [], []
+
+    def skip(update):  # e.g. a checkpoint younger than its time floor: only update 4 is due
+        asked.append(update)
+        return update != 4
+
+    loop = Loop(CheckedRun(chunk_size=2, events=events), num_updates=8)
+    loop.add_hook(lambda info: events.append(("log", info.update)), reads_state=False)
+    save = lambda info: events.append(("save", info.update, info.state.read()))  # noqa: E731
+    loop.add_hook(save, every=2, at_end=True, skip=skip)
+    assert loop.run(Donated(0)).read() == 8
+    assert events == [
+        ("dispatch", 0), ("dispatch", 2), ("log", 2),  # skipped at 2: pipelined
+        ("log", 4), ("save", 4, 4), ("dispatch", 4),  # due at 4: the loop waits for it
+        ("dispatch", 6), ("log", 6),
+        ("log", 8), ("save", 8, 8),  # at_end always runs, whatever skip says
+    ]  # fmt: skip
+    assert asked == [2, 4, 6, 8]  # once each: the pipelining decision and the run agree
+
+
 def test_pipelining_can_be_turned_off_and_needs_the_chunks_own_nonfinite_counts():
     events = []
     loop = Loop(CheckedRun(chunk_size=2, events=events), num_updates=4, pipeline=False)

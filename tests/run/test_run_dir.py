@@ -23,7 +23,7 @@ from rljax.run.sharded import ShardedRun
 from rljax.run.training import Session
 
 TINY = PPOConfig(num_envs=4, num_steps=8, total_timesteps=4 * 8 * 2, num_minibatches=2)
-OPTIONS = dict(log_every=2, checkpoint_every=2, eval_every=0, quiet=True)
+OPTIONS = dict(log_every=2, checkpoint_every=2, checkpoint_min_seconds=0, eval_every=0, quiet=True)
 CLI_TINY = ["--num-envs", "4", "--num-steps", "8", "--total-timesteps", "64", "--eval-every", "0"]
 
 
@@ -105,6 +105,15 @@ def test_overwrite_replaces_the_old_run_only_after_validation(finished, tmp_path
     assert sorted(p.name for p in (old / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
     assert [r["update"] for r in read_metrics(old / "metrics.jsonl")] == [1, 2]
     assert not (old / LOCK_NAME).exists()
+
+
+def test_periodic_checkpoints_wait_for_the_time_floor_and_the_end_always_saves(tmp_path):
+    cadence = dict(log_every=1, checkpoint_every=1)
+    train(TINY, tiny_run(tmp_path, "floor", **cadence, checkpoint_min_seconds=3600))
+    train(TINY, tiny_run(tmp_path, "every", **cadence))  # floor 0 (OPTIONS)
+    found = {name: (tmp_path / name / "checkpoints").iterdir() for name in ("floor", "every")}
+    saved = {name: sorted(p.name for p in dirs if p.name.isdigit()) for name, dirs in found.items()}
+    assert saved == {"floor": ["2"], "every": ["1", "2"]}
 
 
 # -- run names ------------------------------------------------------------------------------------

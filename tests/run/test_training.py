@@ -156,7 +156,8 @@ def test_nonfinite_replay_priorities_stop_the_run_and_are_never_saved(tmp_path):
         train_frequency=4, target_update_interval=16, total_timesteps=4 * 4 * 4, prioritized=True,
     )  # fmt: skip
     run = RunConfig.make(mesh="data=2", runs_dir=str(tmp_path), run_name="per", log_every=1,
-                         checkpoint_every=2, eval_every=0, quiet=True)  # fmt: skip
+                         checkpoint_every=2, checkpoint_min_seconds=0, eval_every=0,
+                         quiet=True)  # fmt: skip
     with pytest.raises(TrainingError) as info:
         train(config, run, hooks=[nan_priorities_at(3)])
     message = str(info.value)

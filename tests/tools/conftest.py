@@ -14,6 +14,6 @@ def trained(tmp_path_factory):
     runs = tmp_path_factory.mktemp("trained")
     run = RunConfig.make(
         runs_dir=str(runs), run_name="r", mesh="data=2", checkpoint_every=3, eval_every=3,
-        eval_episodes=4, log_every=3, quiet=True, measure_comm=False,
+        checkpoint_min_seconds=0, eval_episodes=4, log_every=3, quiet=True, measure_comm=False,
     )  # fmt: skip
     return train(CONFIG, run)
