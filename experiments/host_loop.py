@@ -7,8 +7,9 @@ Rows, on one CPU device, ``PPOConfig()`` (CartPole-v1, 4 envs x 128 steps, 5e5 e
   bare loop   ``ShardedRun`` with ``chunk_size = num_updates``: every update in one compiled call,
               state initialised (untimed) before; nothing on the host between updates
   train()     the whole job with default ``RunConfig``: chunks of ``log_every`` updates, the
-              non-finite guard, metrics.jsonl, progress, async checkpoints every 100 updates,
-              greedy evaluation every 100 updates, the final checkpoint and evaluation
+              non-finite guard, metrics.jsonl, progress, async checkpoints every 100 updates
+              and at most one per 30 s (``checkpoint_min_seconds``: on this 5 s run only the
+              final one), greedy evaluation every 100 updates, the final evaluation
 Columns: steps/s (train(): wall clock from the loop's start to its end, compile excluded as for
 the bare loop; also the seconds inside compiled chunks), compile seconds, the host hooks'
 seconds by hook, and train()'s ratio to the bare loop (best of the repeats each; the repeats
