@@ -8,7 +8,10 @@ Rows
   rljax            ``ShardedRun`` on mesh ``data=1,model=1`` (1 device), 1 / 8 / 64 vmapped seeds
   rljax            ``ShardedRun`` on mesh ``data=2,model=2`` (4 emulated CPU devices), same seeds
   rljax            ``--groups seeds``: mesh ``data=4`` with the seeds on ``data`` (each device
-                   trains its own seeds; no gradient collectives); vs the 1-device rljax row
+                   trains its own seeds; no gradient collectives); ``seeds2``: ``data=2`` (one
+                   device per core here); vs PureJaxRL and the 1-device rljax row. A CPU
+                   device runs its program on about one core, so these rows use both cores
+                   and the 1-device rows (rljax and PureJaxRL alike) about one
   rollout ceiling  ``PPO.rollout`` (policy sampling + env stepping, no critic-on-final-obs, no GAE,
                    no SGD) scanned over ``num_updates`` and vmapped over seeds, on one device
   purejaxrl        ``experiments/baselines/purejaxrl_ppo.py``:
@@ -57,8 +60,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "experiments" / "results" / "bench_ppo.json"
 SINGLE_MESH = "data=1,model=1"
 MULTI_MESH = "data=2,model=2"
-SEEDS_MESH = "data=4"
-GROUP_DEVICES = {"single": 1, "mesh": 4, "seeds": 4}
+SEEDS_MESHES = {"seeds": "data=4", "seeds2": "data=2"}  # seeds on data: one group each
+GROUP_DEVICES = {"single": 1, "mesh": 4, "seeds": 4, "seeds2": 2}
 RESULT_MARKER = "@@BENCH_PPO_RESULT@@ "
 ROW_ORDER = {"rljax": 0, "rollout ceiling": 2, "purejaxrl": 3}
 
@@ -89,7 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=["single", "mesh"],
         help="subprocess groups to run (single: 1 device; mesh: 4 emulated devices, "
         "data=2,model=2; seeds: 4 emulated devices, data=4 with the seeds on data, no "
-        "gradient collectives)",
+        "gradient collectives; seeds2: the same on 2 devices, data=2, one per core of this "
+        "machine; a CPU device runs its program on about one core, so only the seeds groups "
+        "use both)",
     )
     p.add_argument(
         "--worker-timeout",
@@ -269,8 +274,8 @@ def worker(
                 "purejaxrl": purejaxrl_candidate,
             }
             candidates = [make(seeds) for name, make in makers.items() if name in implementations]
-        elif group == "seeds":
-            candidates = [rljax_candidate(SEEDS_MESH, seeds, seed_axis="data")]
+        elif group in SEEDS_MESHES:
+            candidates = [rljax_candidate(SEEDS_MESHES[group], seeds, seed_axis="data")]
         else:
             candidates = [rljax_candidate(MULTI_MESH, seeds)]
         # Repeats alternate between implementations, so load drift on the machine hits all alike.
@@ -363,8 +368,13 @@ def markdown_table(rows: list[dict]) -> str:
     for r in rows:
         ratio = baseline.get(r["seeds"]) if r["mesh"] == SINGLE_MESH else None
         ratio = f"{r['steps_per_s'] / ratio:.2f}x" if ratio else "-"
-        if "seeds on" in r["mesh"] and r["seeds"] in one_device:
-            ratio = f"{r['steps_per_s'] / one_device[r['seeds']]:.2f}x of rljax 1 device"
+        if "seeds on" in r["mesh"]:
+            parts = []
+            if baseline.get(r["seeds"]):
+                parts.append(f"{r['steps_per_s'] / baseline[r['seeds']]:.2f}x")
+            if r["seeds"] in one_device:
+                parts.append(f"{r['steps_per_s'] / one_device[r['seeds']]:.2f}x of rljax 1 device")
+            ratio = "; ".join(parts) or "-"
         end = r.get("end_to_end_s", r["compile_s"] + r["run_s"])
         solved = r.get("solved_fraction")
         solved = "-" if solved is None else f"{100 * solved:.0f} %"
