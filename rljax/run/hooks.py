@@ -16,7 +16,7 @@
 
 and after the loop, when it was stopped, prints how to resume, then the closing summary.
 
-``session`` is the ``rljax.run.training.Session`` of the run (checkpointer, run log, printing).
+``session`` is the ``rljax.run.session.Session`` of the run (checkpointer, run log, printing).
 """
 
 from __future__ import annotations
