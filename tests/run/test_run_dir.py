@@ -19,8 +19,8 @@ from rljax.errors import Interrupted
 from rljax.run import run_dir as run_dir_module
 from rljax.run.run_dir import LOCK_NAME, RunDirectory, RunDirWarning, RunLock, check_run_name
 from rljax.run.run_log import read_metrics
-from rljax.run.sharded import ShardedRun
 from rljax.run.session import Session
+from rljax.run.sharded import ShardedRun
 
 TINY = PPOConfig(num_envs=4, num_steps=8, total_timesteps=4 * 8 * 2, num_minibatches=2)
 OPTIONS = dict(log_every=2, checkpoint_every=2, checkpoint_min_seconds=0, eval_every=0, quiet=True)
