@@ -9,15 +9,20 @@ Rows
   rljax            ``ShardedRun`` on mesh ``data=2,model=2`` (4 emulated CPU devices), same seeds
   rljax            ``--groups seeds``: mesh ``data=4`` with the seeds on ``data`` (each device
                    trains its own seeds; no gradient collectives); ``seeds2``: ``data=2`` (one
-                   device per core here); vs PureJaxRL and the 1-device rljax row. A CPU
-                   device runs its program on about one core, so these rows use both cores
-                   and the 1-device rows (rljax and PureJaxRL alike) about one
+                   device per core here); ``data2``: ``data=2`` with each seed's batch split
+                   over it (gradients all-reduced per minibatch). These groups also run the
+                   1-device rljax and PureJaxRL rows in the same process, repeats alternating,
+                   and compare with them. A CPU device runs its program on about one core, so
+                   these rows use both cores and the 1-device rows (rljax and PureJaxRL alike)
+                   about one. Each device trains its seeds in groups of
+                   ``rljax.run.sharded.seeds_at_a_time`` (8 on CPU past 16 seeds a device)
   rollout ceiling  ``PPO.rollout`` (policy sampling + env stepping, no critic-on-final-obs, no GAE,
                    no SGD) scanned over ``num_updates`` and vmapped over seeds, on one device
   purejaxrl        ``experiments/baselines/purejaxrl_ppo.py``:
                    ``jax.jit(jax.vmap(make_train(cfg)))(keys)`` (1 seed: no vmap)
 
 Columns
+  run              the group (subprocess) the row was measured in; rows of one group alternate
   compile s        ahead-of-time ``lower().compile()`` wall time (rljax: init + chunk programs);
                    never included in steps/s
   steps/s          ``num_updates * batch_size * num_seeds / seconds`` of the compiled training call
@@ -60,8 +65,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "experiments" / "results" / "bench_ppo.json"
 SINGLE_MESH = "data=1,model=1"
 MULTI_MESH = "data=2,model=2"
-SEEDS_MESHES = {"seeds": "data=4", "seeds2": "data=2"}  # seeds on data: one group each
-GROUP_DEVICES = {"single": 1, "mesh": 4, "seeds": 4, "seeds2": 2}
+# group -> (mesh, mesh axis of the seeds); "single" runs on SINGLE_MESH
+GROUP_MESHES = {
+    "mesh": (MULTI_MESH, None),
+    "seeds": ("data=4", "data"),
+    "seeds2": ("data=2", "data"),
+    "data2": ("data=2", None),
+}
+GROUP_DEVICES = {"single": 1, "mesh": 4, "seeds": 4, "seeds2": 2, "data2": 2}
 RESULT_MARKER = "@@BENCH_PPO_RESULT@@ "
 ROW_ORDER = {"rljax": 0, "rollout ceiling": 2, "purejaxrl": 3}
 
@@ -83,6 +94,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="rows of the single group (e.g. rljax alone for 1,024 seeds, where the PureJaxRL "
         "port's vmapped init deadlocks)",
     )
+    p.add_argument(
+        "--alone",
+        action="store_true",
+        help="groups other than single run only their own rljax row, without the 1-device "
+        "rljax and PureJaxRL rows beside it (1,024 seeds: those would take most of an hour)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per row (best is reported)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     p.add_argument(
@@ -94,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "data=2,model=2; seeds: 4 emulated devices, data=4 with the seeds on data, no "
         "gradient collectives; seeds2: the same on 2 devices, data=2, one per core of this "
         "machine; a CPU device runs its program on about one core, so only the seeds groups "
-        "use both)",
+        "use both; data2: data=2 with each seed's batch split over it)",
     )
     p.add_argument(
         "--worker-timeout",
@@ -136,6 +153,7 @@ def worker(
     repeats: int,
     num_envs: int = 4,
     implementations: tuple[str, ...] = ("rljax", "ceiling", "purejaxrl"),
+    alone: bool = False,
 ) -> dict:
     import jax
 
@@ -265,19 +283,24 @@ def worker(
         detail = {"train": compile_s}
         return Candidate("purejaxrl", SINGLE_MESH, detail, train_c, lambda: keys, final)
 
+    makers = {
+        "rljax": functools.partial(rljax_candidate, SINGLE_MESH),
+        "ceiling": ceiling_candidate,
+        "purejaxrl": purejaxrl_candidate,
+    }
     rows: list[dict[str, Any]] = []
     for seeds in seed_counts:
         if group == "single":
-            makers = {
-                "rljax": functools.partial(rljax_candidate, SINGLE_MESH),
-                "ceiling": ceiling_candidate,
-                "purejaxrl": purejaxrl_candidate,
-            }
             candidates = [make(seeds) for name, make in makers.items() if name in implementations]
-        elif group in SEEDS_MESHES:
-            candidates = [rljax_candidate(SEEDS_MESHES[group], seeds, seed_axis="data")]
         else:
-            candidates = [rljax_candidate(MULTI_MESH, seeds)]
+            mesh_spec, seed_axis = GROUP_MESHES[group]
+            if seed_axis and seeds % GROUP_DEVICES[group]:
+                log(f"[{group}] {seeds} seed(s) do not split over {mesh_spec}: skipped")
+                continue
+            candidates = [rljax_candidate(mesh_spec, seeds, seed_axis)]
+            if group != "mesh" and not alone:  # beside it in this run: the 1-device rows
+                wanted = [name for name in ("rljax", "purejaxrl") if name in implementations]
+                candidates += [makers[name](seeds) for name in wanted]
         # Repeats alternate between implementations, so load drift on the machine hits all alike.
         times: list[list[float]] = [[] for _ in candidates]
         finals: list[float] = [0.0] * len(candidates)
@@ -291,7 +314,9 @@ def worker(
                 finals[i] = c.final_return(out)
                 solved[i] = c.solved(out) if c.solved else None
         for c, t, final, ok in zip(candidates, times, finals, solved, strict=True):
-            rows.append(row(c.implementation, c.mesh, seeds, c.compile_s, t, final, ok))
+            rows.append(
+                {**row(c.implementation, c.mesh, seeds, c.compile_s, t, final, ok), "group": group}
+            )
 
     return {"group": group, "rows": rows, **jax_info(jax, cfg)}
 
@@ -329,6 +354,7 @@ def run_group(group: str, args: argparse.Namespace) -> dict:
         *args.implementations,
         "--seeds",
         *map(str, args.seeds),
+        *(["--alone"] if args.alone else []),
     ]
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
     log(f"== group {group!r} ({GROUP_DEVICES[group]} device(s)) ==")
@@ -354,32 +380,38 @@ def markdown_table(rows: list[dict]) -> str:
     """Rows as markdown; ``vs purejaxrl`` is steps/s over the PureJaxRL row with the same seeds;
     ``end to end s`` is compile plus the best timed run; ``seeds >= 475`` the fraction of seeds
     whose last update's training return is at least 475 (rljax rows)."""
-    baseline = {r["seeds"]: r["steps_per_s"] for r in rows if r["implementation"] == "purejaxrl"}
-    one_device = {
-        r["seeds"]: r["steps_per_s"]
-        for r in rows
-        if r["implementation"] == "rljax" and r["mesh"] == SINGLE_MESH
-    }
+
+    def same_run(implementation: str, mesh: str | None = None) -> dict:
+        """(group, seeds) -> steps/s of that row, and seeds -> the same from any group."""
+        found = {}
+        for r in rows:
+            if r["implementation"] == implementation and mesh in (None, r["mesh"]):
+                found.setdefault(r["seeds"], r["steps_per_s"])
+                found[(r.get("group"), r["seeds"])] = r["steps_per_s"]
+        return found
+
+    purejaxrl, rljax_one = same_run("purejaxrl"), same_run("rljax", SINGLE_MESH)
     lines = [
-        "| implementation | mesh | seeds | compile s | steps/s | vs purejaxrl "
+        "| run | implementation | mesh | seeds | compile s | steps/s | vs purejaxrl "
         "| end to end s | final training return (last update) | seeds >= 475 |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
-        ratio = baseline.get(r["seeds"]) if r["mesh"] == SINGLE_MESH else None
-        ratio = f"{r['steps_per_s'] / ratio:.2f}x" if ratio else "-"
-        if "seeds on" in r["mesh"]:
-            parts = []
-            if baseline.get(r["seeds"]):
-                parts.append(f"{r['steps_per_s'] / baseline[r['seeds']]:.2f}x")
-            if r["seeds"] in one_device:
-                parts.append(f"{r['steps_per_s'] / one_device[r['seeds']]:.2f}x of rljax 1 device")
-            ratio = "; ".join(parts) or "-"
+        key = (r.get("group"), r["seeds"])
+        parts = []
+        base = purejaxrl.get(key, purejaxrl.get(r["seeds"]))
+        if base:
+            parts.append(f"{r['steps_per_s'] / base:.2f}x")
+        one = rljax_one.get(key, rljax_one.get(r["seeds"]))
+        if r["mesh"] != SINGLE_MESH and one:
+            parts.append(f"{r['steps_per_s'] / one:.2f}x of rljax 1 device")
+        ratio = "; ".join(parts) or "-"
         end = r.get("end_to_end_s", r["compile_s"] + r["run_s"])
         solved = r.get("solved_fraction")
         solved = "-" if solved is None else f"{100 * solved:.0f} %"
         lines.append(
-            f"| {r['implementation']} | {r['mesh']} | {r['seeds']} | {r['compile_s']:.2f} "
+            f"| {r.get('group', '-')} | {r['implementation']} | {r['mesh']} | {r['seeds']} "
+            f"| {r['compile_s']:.2f} "
             f"| {r['steps_per_s']:,.0f} | {ratio} | {end:,.1f} | {r['final_return_mean']:.1f} "
             f"| {solved} |"
         )
@@ -388,7 +420,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 def sort_key(r: dict) -> tuple:
     order = ROW_ORDER[r["implementation"]] + (r["mesh"] != SINGLE_MESH)
-    return order, r["seeds"]
+    return r["seeds"], order, r["mesh"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -401,6 +433,7 @@ def main(argv: list[str] | None = None) -> None:
             args.repeats,
             args.num_envs,
             tuple(args.implementations),
+            args.alone,
         )
         print(RESULT_MARKER + json.dumps(result), flush=True)
         return

@@ -38,6 +38,10 @@ class ParallelConfig:
     """emulate this many CPU devices (must be set before JAX starts)."""
     seed_axis: Literal["none", "data"] = "none"
     """'data' places the seeds on the data axis (each seed's envs then stay on one data shard)."""
+    seed_group: int = _resumable(0)
+    """seeds a device trains at a time: a device's seeds run group after group inside each
+    compiled chunk, each group vmapped. 0: auto (CPU: 8, so that a group's arrays stay in cache;
+    other backends: all of them at once). It never changes the results."""
     actor_mesh: str | None = None
     """actor-learner layout: the actors' mesh (rollouts), e.g. 'data=2'; with --learner-mesh,
     on disjoint devices (PPO only; instead of --mesh)."""
@@ -288,4 +292,14 @@ def validate_run(run: RunConfig, layout) -> None:
         raise ConfigError(
             f"seed_axis={run.parallel.seed_axis!r} needs num_seeds ({run.num_seeds}) divisible "
             f"by the {run.parallel.seed_axis} axis size {seed_shards}"
+        )
+    check_seed_group(run.parallel.seed_group, run.num_seeds // seed_shards)
+
+
+def check_seed_group(seed_group: int, seeds_per_device: int) -> None:
+    """``seed_group`` is 0 (auto) or divides the seeds each device trains."""
+    if seed_group < 0 or (seed_group and seeds_per_device % seed_group):
+        raise ConfigError(
+            f"seed_group={seed_group} must be 0 (auto) or divide the {seeds_per_device} seeds "
+            "each device trains (num_seeds / the seed axis size)"
         )

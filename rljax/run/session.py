@@ -181,7 +181,9 @@ class Session:
                 episodes = run.evaluation.eval_episodes
                 self.evaluation = LearnerEvaluation(self.sharded, episodes, run.seed)
         else:
-            self.sharded = ShardedRun(self.algo, self.layout, run.num_seeds, chunk)
+            self.sharded = ShardedRun(
+                self.algo, self.layout, run.num_seeds, chunk, run.parallel.seed_group
+            )
             if run.evaluation.eval_every:
                 self.evaluation = Evaluation(self.sharded, run.evaluation.eval_episodes, run.seed)
         key = jax.random.key(run.seed)

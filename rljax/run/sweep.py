@@ -120,7 +120,8 @@ def sweep(
     run_dir = Path(run.logging.runs_dir) / (run.logging.run_name or default_name)
     say = (lambda *a, **k: None) if run.logging.quiet else progress
     num_updates, per_update = algo_config.num_updates, algo_config.env_steps_per_update
-    sharded = ShardedRun(algo, layout, len(members), min(run.logging.log_every, num_updates))
+    chunk = min(run.logging.log_every, num_updates)
+    sharded = ShardedRun(algo, layout, len(members), chunk, run.parallel.seed_group)
     keys = jnp.stack([jax.random.key_data(jax.random.key(seed)) for _, seed in members])
     keys = jax.random.wrap_key_data(keys)
     hparams = {

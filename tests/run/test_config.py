@@ -157,3 +157,9 @@ def test_too_many_emulated_devices_is_one_error_before_jax_creates_them(tmp_path
 
     with pytest.raises(ConfigError, match=r"num_devices=100000 .* allowed are 1 to 1024"):
         initialize(DistributedConfig(num_cpu_devices=100000))
+
+
+def test_a_seed_group_that_does_not_divide_a_devices_seeds():
+    message = error_of(run=RunConfig.make(mesh="data=2", num_seeds=12, seed_axis="data",
+                                          seed_group=4))  # fmt: skip
+    assert "seed_group=4 must be 0 (auto) or divide the 6 seeds each device trains" in message
