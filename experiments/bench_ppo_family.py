@@ -1,7 +1,8 @@
 """PPO family throughput: rljax against PureJaxRL's continuous-action and recurrent PPO, side by
 side in one run.
 
-Pairs (one device, the same hyperparameters on both sides):
+Pairs (the same hyperparameters on both sides; PureJaxRL on one device, rljax on each of
+``--meshes``, default one device):
   continuous  Pendulum-v1 with PureJaxRL ``ppo_continuous_action.py``'s configuration (2048 envs x
               10 steps, 4 epochs x 32 minibatches, lr 3e-4 constant, 2x256 tanh towers,
               observation and reward normalisation); baseline
@@ -21,6 +22,7 @@ What differs by design, and costs rljax time: rljax bootstraps a truncated episo
 observation and reward statistics once per rollout instead of once per step.
 
     python experiments/bench_ppo_family.py    # continuous at 1 seed, recurrent at 1 and 8 seeds
+    python experiments/bench_ppo_family.py --meshes data=1,model=1 data=2   # + 2 devices
     python experiments/bench_ppo_family.py --pairs continuous --seeds 1 --repeats 1 --updates 4
 """
 
@@ -43,6 +45,7 @@ OUT = REPO_ROOT / "experiments" / "results" / "bench_ppo_family"
 PAIRS = ("continuous", "recurrent")
 DEFAULT_UPDATES = {"continuous": 100, "recurrent": 244}  # 2.05M and 125k env steps per seed
 DEFAULT_SEEDS = {"continuous": [1], "recurrent": [1, 8]}  # 2048 envs already fill a CPU
+ONE_DEVICE = "data=1,model=1"
 
 
 class Candidate(NamedTuple):
@@ -99,18 +102,23 @@ def baseline(pair: str, updates: int):
     return module.make_train(cfg), cfg
 
 
-def candidates(pair: str, seeds: int, updates: int) -> list[Candidate]:
+def rljax_candidate(pair: str, seeds: int, updates: int, mesh_spec: str) -> Candidate:
+    """rljax on ``mesh_spec``: with several seeds on a multi-device mesh the seeds go on
+    ``data`` (each device trains its own), with one seed its batch is split over ``data``."""
     import jax
     import numpy as np
 
     from rljax import PPO
-    from rljax.parallel import make_mesh
+    from rljax.parallel import Layout, make_mesh
+    from rljax.parallel.rules import seeds_on
     from rljax.run.sharded import ShardedRun
 
     config = rljax_config(pair, updates)
-    run = ShardedRun(
-        PPO(config), make_mesh("data=1,model=1"), num_seeds=seeds, chunk_size=config.num_updates
-    )
+    mesh = make_mesh(mesh_spec)
+    seed_axis = "data" if seeds > 1 and mesh.shape["data"] > 1 else None
+    layout = Layout(mesh, seeds_on(seed_axis))
+    algo = PPO(config, replicas=layout.shards("replica"))
+    run = ShardedRun(algo, layout, num_seeds=seeds, chunk_size=config.num_updates)
     key = jax.random.key(0)
     run.compile(key)
     steps = config.num_updates * config.batch_size * seeds
@@ -118,10 +126,20 @@ def candidates(pair: str, seeds: int, updates: int) -> list[Candidate]:
     def rljax_final(out):
         return float(np.mean(np.asarray(out[1]["episode_return"][-1])))
 
-    ours = Candidate(
-        pair, "rljax", seeds, steps, sum(run.compile_seconds.values()),
+    name = "rljax" if mesh_spec == ONE_DEVICE else f"rljax {mesh_spec}"
+    name += ", seeds on data" if seed_axis else ""
+    return Candidate(
+        pair, name, seeds, steps, sum(run.compile_seconds.values()),
         lambda state: run.run_chunk(state, config.num_updates), lambda: run.init(key), rljax_final,
     )  # fmt: skip
+
+
+def candidates(pair: str, seeds: int, updates: int, meshes: list[str]) -> list[Candidate]:
+    """The rljax rows (one per mesh), then the PureJaxRL port's (one device)."""
+    import jax
+    import numpy as np
+
+    ours = [rljax_candidate(pair, seeds, updates, mesh) for mesh in meshes]
 
     train, cfg = baseline(pair, updates)
     keys = jax.random.key(42) if seeds == 1 else jax.random.split(jax.random.key(42), seeds)
@@ -146,7 +164,7 @@ def candidates(pair: str, seeds: int, updates: int) -> list[Candidate]:
         pair, "purejaxrl", seeds, cfg["NUM_ENVS"] * cfg["NUM_STEPS"] * updates * seeds,
         compile_s, compiled, lambda: inputs, baseline_final,
     )  # fmt: skip
-    return [ours, theirs]
+    return [*ours, theirs]
 
 
 def time_alternating(group: list[Candidate], repeats: int) -> list[dict]:
@@ -174,8 +192,8 @@ def time_alternating(group: list[Candidate], repeats: int) -> list[dict]:
             f"{c.pair:<10} {c.implementation:<9} seeds={c.seeds:<2} compile {c.compile_s:6.2f}s "
             f"run {min(t):7.2f}s {c.env_steps / min(t):>11,.0f} steps/s return {final:8.1f}"
         )
-    ratio = rows[0]["steps_per_s"] / rows[1]["steps_per_s"]
-    rows[0]["vs_purejaxrl"], rows[1]["vs_purejaxrl"] = ratio, 1.0
+    for r in rows:  # the last row is PureJaxRL's
+        r["vs_purejaxrl"] = r["steps_per_s"] / rows[-1]["steps_per_s"]
     return rows
 
 
@@ -197,7 +215,20 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--updates", type=int, default=None, help="updates per seed (default per pair)")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument(
+        "--meshes",
+        nargs="+",
+        default=[ONE_DEVICE],
+        help="an rljax row per mesh, e.g. data=1,model=1 data=2 (emulated CPU devices; several "
+        "seeds go on data, one seed's batch is split over it)",
+    )
     args = p.parse_args(argv)
+    import math
+
+    from rljax.parallel import set_num_cpu_devices
+    from rljax.parallel.mesh import parse_mesh_spec
+
+    set_num_cpu_devices(max(math.prod(parse_mesh_spec(m).values()) for m in args.meshes))
 
     # Rows of the pairs not run now are kept from the last report (one table for both pairs).
     previous = args.out.with_suffix(".json")
@@ -207,7 +238,8 @@ def main(argv=None) -> None:
     for pair in args.pairs:
         updates = args.updates or DEFAULT_UPDATES[pair]
         for seeds in args.seeds or DEFAULT_SEEDS[pair]:
-            rows += time_alternating(candidates(pair, seeds, updates), args.repeats)
+            group = candidates(pair, seeds, updates, args.meshes)
+            rows += time_alternating(group, args.repeats)
             table = markdown_table(rows, COLUMNS)  # written after every group
             write_report(args.out.with_suffix(".json"), "bench_ppo_family", {"rows": rows})
             args.out.with_suffix(".md").write_text(
