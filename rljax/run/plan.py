@@ -384,6 +384,6 @@ def plan(algorithm, run: RunConfig | None = None) -> Plan:
     algo_cls, config = resolve_algorithm(algorithm)
     layout, algo = prepare(algorithm, run)
     chunk = min(run.logging.log_every, config.num_updates)
-    sharded = ShardedRun(algo, layout, run.num_seeds, chunk)
+    sharded = ShardedRun(algo, layout, run.num_seeds, chunk, run.parallel.seed_group)
     sharded.compile(jax.random.key(run.seed))
     return plan_of(sharded, algorithm_name(algo_cls), run)

@@ -144,9 +144,11 @@ class ShardedRun:
         self.mesh = mesh = self.layout.mesh
         self.num_seeds = num_seeds
         self.chunk_size = chunk_size
-        seeds_per_device = num_seeds // self.layout.shards("seed")
-        check_seed_group(seed_group, seeds_per_device)
-        self.seed_group = seeds_at_a_time(seed_group, seeds_per_device, mesh)
+        devices = self.layout.shards("seed")
+        check_seed_group(seed_group, num_seeds // devices)
+        self.seed_group = seeds_at_a_time(seed_group, num_seeds // devices, mesh)
+        groups = num_seeds // devices // self.seed_group
+        self._groups = SeedGroups(devices, groups) if num_seeds > 1 and groups > 1 else None
         self.state_shardings = state_shardings(algo, self.layout, num_seeds)
         if num_seeds > 1:
             seed_mesh_axis = dict(self.layout.rules)["seed"]
@@ -197,13 +199,12 @@ class ShardedRun:
         ``[K, D*G@seed, ...]``: step ``k`` of a scan runs the chunk for every device's ``k``-th
         group of ``G`` seeds, so no seed leaves its device and each seed computes what it would
         in one vmap over all ``S``."""
-        seeds_per_device = self.num_seeds // self.layout.shards("seed")
-        if self.num_seeds == 1 or self.seed_group == seeds_per_device:
+        groups = self._groups
+        if groups is None:
             state, buffer = self._updates_of(state, num_updates)
             return state, buffer, integrity.nonfinite_counts(state)
-        groups = SeedGroups(self.layout.shards("seed"), seeds_per_device // self.seed_group)
-        grouped_shardings = self.layout.shardings(
-            prepend_axis(prepend_axis(self.algo.state_specs(), "seed"), None)
+        grouped_shardings = jax.tree.map(  # [K, D*G@seed, ...]: the state's, behind a new axis
+            lambda s: NamedSharding(s.mesh, PartitionSpec(None, *s.spec)), self.state_shardings
         )
         grouped = jax.lax.with_sharding_constraint(groups.split(state), grouped_shardings)
 
