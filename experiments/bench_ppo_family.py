@@ -102,13 +102,15 @@ def baseline(pair: str, updates: int):
     return module.make_train(cfg), cfg
 
 
-def rljax_candidate(pair: str, seeds: int, updates: int, mesh_spec: str) -> Candidate:
+def rljax_candidate(pair: str, seeds: int, updates: int, mesh_spec: str) -> Candidate | None:
     """rljax on ``mesh_spec``: with several seeds on a multi-device mesh the seeds go on
-    ``data`` (each device trains its own), with one seed its batch is split over ``data``."""
+    ``data`` (each device trains its own), with one seed its batch is split over ``data``.
+    None (with the validation's message printed) when the pair's config cannot use the layout,
+    e.g. the recurrent pair's 4 envs in 4 whole-sequence minibatches cannot split over 2 shards."""
     import jax
     import numpy as np
 
-    from rljax import PPO
+    from rljax.errors import ConfigError
     from rljax.parallel import Layout, make_mesh
     from rljax.parallel.rules import seeds_on
     from rljax.run.sharded import ShardedRun
@@ -117,8 +119,11 @@ def rljax_candidate(pair: str, seeds: int, updates: int, mesh_spec: str) -> Cand
     mesh = make_mesh(mesh_spec)
     seed_axis = "data" if seeds > 1 and mesh.shape["data"] > 1 else None
     layout = Layout(mesh, seeds_on(seed_axis))
-    algo = PPO(config, replicas=layout.shards("replica"))
-    run = ShardedRun(algo, layout, num_seeds=seeds, chunk_size=config.num_updates)
+    try:  # a config (not an instance) is validated for the layout before anything compiles
+        run = ShardedRun(config, layout, num_seeds=seeds, chunk_size=config.num_updates)
+    except ConfigError as e:
+        print(f"{pair} seeds={seeds} on {mesh_spec}: skipped, {e}")
+        return None
     key = jax.random.key(0)
     run.compile(key)
     steps = config.num_updates * config.batch_size * seeds
@@ -139,7 +144,7 @@ def candidates(pair: str, seeds: int, updates: int, meshes: list[str]) -> list[C
     import jax
     import numpy as np
 
-    ours = [rljax_candidate(pair, seeds, updates, mesh) for mesh in meshes]
+    ours = [c for mesh in meshes if (c := rljax_candidate(pair, seeds, updates, mesh))]
 
     train, cfg = baseline(pair, updates)
     keys = jax.random.key(42) if seeds == 1 else jax.random.split(jax.random.key(42), seeds)
