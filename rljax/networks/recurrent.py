@@ -7,10 +7,9 @@
 
 ``unroll`` runs a whole sequence (the embedding, the GRU's input projections and the heads
 batched over time; only the hidden-state matmul sequential), resetting the hidden state to zeros
-after every step that ended an episode. The
-embedding and the cell are replicated over ``model`` (their logical axes ``recurrent`` map to no
-mesh axis); the towers after the cell are ``ActorCritic``'s, tensor parallel. Why: see
-``docs/architecture.md`` (recurrent policies).
+after every step that ended an episode. The embedding and the cell are replicated over
+``model`` (their logical axes ``recurrent`` map to no mesh axis); the towers after the cell are
+``ActorCritic``'s, tensor parallel. Why: see ``docs/architecture.md`` (recurrent policies).
 """
 
 from __future__ import annotations
@@ -38,8 +37,9 @@ def _boxed(init, axes):
 
 
 class _Dense(nn.Module):
-    """The parameters of one ``nn.Dense`` (same names and initialisers), for ``GRU``'s fused
-    matmuls: ``kernel [D, H]`` and, with ``use_bias``, ``bias [H]``."""
+    """The parameters of one ``nn.Dense`` (same names and initialisers) as attributes: ``GRU``
+    concatenates kernels before multiplying, which ``nn.Dense`` (applied, never read) cannot
+    offer. ``kernel [D, H]`` and, with ``use_bias``, ``bias [H]``."""
 
     in_features: int
     features: int
@@ -123,7 +123,7 @@ class GRU(nn.Module):
 
 
 class RecurrentActorCritic(nn.Module):
-    """``obs [B@batch, D]`` -> embedding ``Dense(width)`` + activation -> ``GRUCell(width)`` ->
+    """``obs [B@batch, D]`` -> embedding ``Dense(width)`` + activation -> ``GRU(width)`` ->
     ``ActorCritic`` towers and heads (``(logits [B@batch, A] or (mean, log_std), value
     [B@batch])``, float32). ``__call__(obs, hidden=None)`` is one step from ``hidden [B, H]``
     (zeros when None) and returns ``(out, value, hidden')``."""
