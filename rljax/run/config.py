@@ -50,6 +50,10 @@ class ParallelConfig:
     max_staleness: int = 0
     """actor-learner layout: rollouts use parameters at most this many learner updates old
     (0: synchronous, equal to single-mesh PPO; >= 1: acting overlaps learning)."""
+    compile_cache: str = _resumable("auto")
+    """persistent XLA compilation cache: a directory, 'auto' (JAX_COMPILATION_CACHE_DIR when
+    set, else ~/.cache/rljax/xla) or 'off'. The same program compiled again on this machine (a
+    repeated run, a resume) is loaded instead; what it computes never changes."""
     memory_per_device: str | None = _resumable(None)
     """memory a device may use (16GB, 512MiB, 2e9): a run needing more stops before training
     (default: the device's own limit; none on CPU)."""
@@ -248,10 +252,12 @@ def check_num_devices(n: int | None, flag: str = "num_devices") -> None:
 def validate_run(run: RunConfig, layout) -> None:
     """Every ``ConfigError`` of ``run`` on a ``Layout``, before anything is written or
     compiled."""
-    from rljax.run.memory import parse_bytes  # noqa: PLC0415 (rljax.run imports this module)
+    from rljax.run import compile_cache  # noqa: PLC0415 (rljax.run imports this module)
+    from rljax.run.memory import parse_bytes  # noqa: PLC0415
 
     values = run.flat()
     check_seed(run.seed)
+    compile_cache.check(run.parallel.compile_cache)
     if run.parallel.memory_per_device is not None:
         parse_bytes(run.parallel.memory_per_device)
     if not run.checkpointing.resume:  # a resume writes into its own directory only

@@ -18,7 +18,7 @@ import jax
 
 from rljax.errors import ConfigError, TrainingError
 from rljax.parallel import mesh_spec_of
-from rljax.run import memory
+from rljax.run import compile_cache, memory
 from rljax.run.actor_learner import (
     ActorLearnerRun,
     LearnerEvaluation,
@@ -186,6 +186,7 @@ class Session:
             )
             if run.evaluation.eval_every:
                 self.evaluation = Evaluation(self.sharded, run.evaluation.eval_episodes, run.seed)
+        cache = compile_cache.use(run.parallel.compile_cache)
         key = jax.random.key(run.seed)
         what = f"the update chunk ({chunk} updates)"
         what += " and the evaluation" if self.evaluation is not None else ""
@@ -195,7 +196,8 @@ class Session:
                 self.sharded.compile_seconds["eval"] = self.evaluation.compile(key)
         seconds = self.sharded.compile_seconds
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
-        console.line(f"compiled in {sum(seconds.values()):.1f} s ({parts})")
+        cached = f"; compilation cache {cache}" if cache else ""
+        console.line(f"compiled in {sum(seconds.values()):.1f} s ({parts}){cached}")
         if self.actor_layout is None:  # the memory plan knows one mesh
             self.plan = plan_of(self.sharded, self.name, run).check()
 

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.errors import ConfigError
+from rljax.run import compile_cache
 from rljax.run.config import RunConfig
 from rljax.run.loop import ChunkInfo, Loop
 from rljax.run.run_log import RunLog, default_run_name
@@ -132,6 +133,7 @@ def sweep(
         f"rljax {name} sweep on {algo_config.env}: {len(settings)} settings x {len(seeds)} seeds "
         f"= {len(members)} members in one jit, mesh {dict(mesh.shape)}, {num_updates} updates"
     )
+    compile_cache.use(run.parallel.compile_cache)
     sharded.compile(jax.random.key(0))  # compile time stays out of steps/s
     initial = sharded.init_members(keys, hparams)
     jax.block_until_ready(initial)

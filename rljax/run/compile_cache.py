@@ -1,0 +1,79 @@
+"""JAX's persistent compilation cache for a run (``--compile-cache``).
+
+    use("auto")        # JAX_COMPILATION_CACHE_DIR / jax's own setting, else ~/.cache/rljax/xla
+    use("/scratch/xla"), use("off")
+
+A program compiled once on a machine is loaded from disk the next time the same program (same
+config, mesh, jax and XLA version) compiles there: a repeated run, a resume, a sweep's next
+launch. A cache can only make compiling faster; it never changes what a program computes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+from jax.experimental.compilation_cache import compilation_cache
+
+from rljax.errors import ConfigError
+from rljax.run.run_dir import check_writable_dir
+
+# Programs that compile faster than this are not written (jax's default is 1 s, which leaves out
+# a PPO init program of ~1 s on CPU that a resume would compile again).
+MIN_SECONDS = 0.5
+
+
+def default_dir() -> Path:
+    """``$XDG_CACHE_HOME/rljax/xla``, or ``~/.cache/rljax/xla``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "rljax" / "xla"
+
+
+def check(setting: str) -> None:
+    """``ConfigError`` unless ``setting`` is "auto", "off" or a directory this process can write
+    (before anything compiles)."""
+    if setting in ("auto", "off"):
+        return
+    if not setting:
+        raise ConfigError("compile_cache must be 'auto', 'off' or a directory, got ''")
+    check_writable_dir(setting, "compile_cache")
+
+
+def use(setting: str) -> str | None:
+    """Point JAX's persistent compilation cache at ``setting`` for the programs compiled from now
+    on -> the directory in use, or None (off).
+
+    "auto": a directory jax already has (``JAX_COMPILATION_CACHE_DIR``, or
+    ``jax.config.update("jax_compilation_cache_dir", ...)``) is kept as it is; otherwise
+    ``default_dir()``, or no cache when that cannot be created (a cache is never a reason for a run
+    to fail). "off": no cache for this process. A directory: that one (``check`` has vetted it)."""
+    current = jax.config.jax_compilation_cache_dir
+    if setting == "off":
+        if jax.config.jax_enable_compilation_cache:
+            jax.config.update("jax_enable_compilation_cache", False)
+            compilation_cache.reset_cache()
+        return None
+    if setting == "auto":
+        if current and jax.config.jax_enable_compilation_cache:
+            return current
+        path = default_dir()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return None
+        if not os.access(path, os.W_OK | os.X_OK):
+            return None
+    else:
+        path = Path(setting).expanduser()
+        path.mkdir(parents=True, exist_ok=True)
+    path = str(path.resolve())
+    if path != current or not jax.config.jax_enable_compilation_cache:
+        jax.config.update("jax_enable_compilation_cache", True)
+        jax.config.update("jax_compilation_cache_dir", path)
+        if jax.config.jax_persistent_cache_min_compile_time_secs > MIN_SECONDS:
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_SECONDS)
+        # jax decides once per process whether a cache is used (at its first compile): decide
+        # again, so the directory counts even after earlier compiles in this process.
+        compilation_cache.reset_cache()
+    return path

@@ -1,0 +1,93 @@
+"""--compile-cache: the persistent compilation cache a run writes and the next one loads."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental.compilation_cache.compilation_cache import reset_cache
+
+from rljax import ConfigError, PPOConfig, RunConfig, train
+from rljax.run import compile_cache
+
+NAMES = (
+    "jax_enable_compilation_cache",
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+)
+
+
+@pytest.fixture
+def jax_cache_settings():
+    """The suite's own cache settings (conftest) are restored after the test."""
+    saved = {name: getattr(jax.config, name) for name in NAMES}
+    yield
+    for name, value in saved.items():
+        jax.config.update(name, value)
+    reset_cache()
+
+
+def entries(path):
+    return sorted(p.name for p in path.iterdir()) if path.exists() else []
+
+
+def test_bad_settings_get_one_message_and_good_ones_pass(tmp_path):
+    for ok in ("auto", "off", str(tmp_path / "new" / "dir")):
+        compile_cache.check(ok)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="compile_cache '.*file/xla' is not a directory"):
+        compile_cache.check(str(tmp_path / "file" / "xla"))
+    with pytest.raises(ConfigError, match="compile_cache must be 'auto', 'off' or a directory"):
+        compile_cache.check("")
+    with pytest.raises(ConfigError, match="compile_cache"):  # validated with the run's flags
+        train(PPOConfig(), RunConfig.make(compile_cache=str(tmp_path / "file" / "x")))
+
+
+def test_a_directory_receives_the_programs_compiled_after_it_is_set(tmp_path, jax_cache_settings):
+    where = compile_cache.use(str(tmp_path / "xla"))
+    assert where == str((tmp_path / "xla").resolve())
+    assert jax.config.jax_compilation_cache_dir == where
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0).lower(jnp.ones(7)).compile()
+    assert entries(tmp_path / "xla")  # written, although this process compiled before
+
+
+def test_auto_keeps_a_directory_jax_has_and_otherwise_uses_the_user_cache(
+    tmp_path, monkeypatch, jax_cache_settings
+):
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
+    assert compile_cache.use("auto") == str(tmp_path / "mine")  # JAX_COMPILATION_CACHE_DIR, say
+    jax.config.update("jax_compilation_cache_dir", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    expected = tmp_path / "home-cache" / "rljax" / "xla"
+    assert compile_cache.default_dir() == expected
+    assert compile_cache.use("auto") == str(expected.resolve()) and expected.is_dir()
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == compile_cache.MIN_SECONDS
+    assert compile_cache.use("off") is None
+    assert not jax.config.jax_enable_compilation_cache
+
+
+def test_a_second_run_loads_the_first_runs_programs(tmp_path, jax_cache_settings):
+    config = PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 2, num_minibatches=2)
+    cache = tmp_path / "xla"
+    lines = []
+
+    def run(name):
+        settings = RunConfig.make(
+            runs_dir=str(tmp_path), run_name=name, log_every=1, eval_every=0,
+            compile_cache=str(cache),
+        )  # fmt: skip
+        return train(config, settings, progress=lines.append)
+
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program
+    first = run("a")
+    written = entries(cache)
+    assert written
+    second = run("b")
+    assert entries(cache) == written  # both programs were found: nothing new written
+    assert sum(second.compile_seconds.values()) < sum(first.compile_seconds.values())
+    compiled = [line for line in lines if line.startswith("compiled in ")]
+    assert len(compiled) == 2 and all(f"compilation cache {cache}" in c for c in compiled)
+    for name in ("a", "b"):  # the cache changes no number
+        assert (tmp_path / name / "metrics.jsonl").exists()
+    a, b = first.metrics, second.metrics
+    assert [r["policy_loss"] for r in a] == [r["policy_loss"] for r in b]
