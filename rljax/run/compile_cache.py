@@ -59,10 +59,9 @@ def use(setting: str) -> str | None:
             return current
         path = default_dir()
         try:
+            check_writable_dir(path, "compile_cache")
             path.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            return None
-        if not os.access(path, os.W_OK | os.X_OK):
+        except (ConfigError, OSError):
             return None
     else:
         path = Path(setting).expanduser()
