@@ -309,13 +309,16 @@ class PPO(ActorCriticAlgorithm):
         """One optimizer step on ``minibatch`` leaves ``[R@replica, n, ...]``."""
         params, opt_state, sync = carry
         adv = minibatch.advantage  # statistics over all replicas' samples: two scalars move
-        minibatch = minibatch._replace(advantage=(adv - adv.mean()) / (adv.std() + 1e-8))
+        centered = adv - adv.mean()
+        std = jnp.sqrt(jnp.square(centered).sum() / adv.size)  # jnp.std's numbers, one mean
+        minibatch = minibatch._replace(advantage=centered / (std + 1e-8))
         loss_fn = functools.partial(self.loss, hparams=hparams)
         (loss, aux), grads = self.learner.grads(loss_fn, params, minibatch)
         params, opt_state, sync, sync_metrics = self.learner.step(
             params, opt_state, sync, grads, scale=hparams.get("lr")
         )
-        metrics = {**jax.tree.map(jnp.mean, aux), "loss": loss.mean(), **sync_metrics}
+        # Per replica [R]: averaged once per update in learn, not by a collective per step.
+        metrics = {**aux, "loss": loss, **sync_metrics}
         return (params, opt_state, sync), metrics
 
     def epoch(self, carry, key, batch: PPOBatch, hparams):

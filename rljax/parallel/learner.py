@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 
-from rljax.parallel.replicas import REPLICA_AXIS, per_replica, replica_mesh_axis
+from rljax.parallel.replicas import REPLICA_AXIS, per_replica, pmean_tree, replica_mesh_axis
 from rljax.parallel.rules import (
     constrain,
     effective_spec,
@@ -160,9 +160,9 @@ class Learner:
         return prepend_axis(specs, REPLICA_AXIS)
 
     def mean(self, grads):
-        """``[R@replica, ...]`` -> replica mean ``[...]`` with one ``pmean``."""
+        """``[R@replica, ...]`` -> replica mean ``[...]`` with one ``pmean`` (``pmean_tree``)."""
         if self.replicas == 1:
             return jax.tree.map(lambda g: g[0], grads)
         specs = self.param_specs
-        fn = lambda g: jax.lax.pmean(g, REPLICA_AXIS)  # noqa: E731
+        fn = pmean_tree
         return per_replica(fn, self.replicas, (self.led(specs),), specs)(grads)

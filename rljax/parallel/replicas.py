@@ -18,11 +18,41 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from rljax.errors import ConfigError
 
 REPLICA_AXIS = "data"
+
+# Leaves up to this many elements (per device) travel together in one collective.
+FUSED_ELEMENTS = 1 << 20
+
+
+def pmean_tree(tree, axis_name: str = REPLICA_AXIS):
+    """``lax.pmean`` of every leaf of ``tree`` over ``axis_name``, the small leaves of each dtype
+    concatenated into one vector so that they cross in one collective (each leaf of a tuple
+    all-reduce is its own rendezvous on CPU: 12 leaves of a 64-unit actor-critic take 7x longer
+    than one vector of the same bytes). The numbers are the per-leaf pmean's."""
+    leaves, treedef = jax.tree.flatten(tree)
+    out = list(leaves)
+    groups: dict[Any, list[int]] = {}
+    for i, leaf in enumerate(leaves):
+        if leaf.size <= FUSED_ELEMENTS:
+            groups.setdefault(jnp.dtype(leaf.dtype), []).append(i)
+        else:
+            out[i] = jax.lax.pmean(leaf, axis_name)
+    for idx in groups.values():
+        if len(idx) == 1:
+            out[idx[0]] = jax.lax.pmean(leaves[idx[0]], axis_name)
+            continue
+        flat = jax.lax.pmean(jnp.concatenate([leaves[i].ravel() for i in idx]), axis_name)
+        start = 0
+        for i in idx:
+            size = leaves[i].size
+            out[i] = flat[start : start + size].reshape(leaves[i].shape)
+            start += size
+    return jax.tree.unflatten(treedef, out)
 
 
 def _is_spec(x) -> bool:

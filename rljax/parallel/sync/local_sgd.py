@@ -9,7 +9,7 @@ nonlinear: averaging parameters after K=1 purely local steps would not be synchr
 import jax
 import jax.numpy as jnp
 
-from rljax.parallel.replicas import REPLICA_AXIS, per_replica
+from rljax.parallel.replicas import per_replica, pmean_tree
 from rljax.parallel.rules import to_mesh_specs
 from rljax.parallel.sync.base import Strategy, positive, register, tree_norm
 
@@ -19,14 +19,14 @@ def average(learner, params, opt_state, with_opt_state: bool = False):
     mean (floating optimizer leaves too when ``with_opt_state``)."""
 
     def fn(params, opt_state):
-        params = jax.lax.pmean(params, REPLICA_AXIS)
-        if with_opt_state:
-            opt_state = jax.tree.map(
-                lambda x: (
-                    jax.lax.pmean(x, REPLICA_AXIS) if jnp.issubdtype(x.dtype, jnp.floating) else x
-                ),
-                opt_state,
-            )
+        if not with_opt_state:
+            return pmean_tree(params), opt_state
+        floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)  # noqa: E731
+        moments = jax.tree.map(lambda x: x if floating(x) else None, opt_state)
+        params, moments = pmean_tree((params, moments))  # one collective for both
+        opt_state = jax.tree.map(
+            lambda m, x: m if floating(x) else x, moments, opt_state, is_leaf=lambda m: m is None
+        )
         return params, opt_state
 
     specs = (learner.led(learner.param_specs), learner.led(to_mesh_specs(learner.opt_logical)))
