@@ -164,5 +164,4 @@ class Learner:
         if self.replicas == 1:
             return jax.tree.map(lambda g: g[0], grads)
         specs = self.param_specs
-        fn = pmean_tree
-        return per_replica(fn, self.replicas, (self.led(specs),), specs)(grads)
+        return per_replica(pmean_tree, self.replicas, (self.led(specs),), specs)(grads)

@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from rljax.errors import ConfigError
@@ -43,15 +44,10 @@ def pmean_tree(tree, axis_name: str = REPLICA_AXIS):
         else:
             out[i] = jax.lax.pmean(leaf, axis_name)
     for idx in groups.values():
-        if len(idx) == 1:
-            out[idx[0]] = jax.lax.pmean(leaves[idx[0]], axis_name)
-            continue
         flat = jax.lax.pmean(jnp.concatenate([leaves[i].ravel() for i in idx]), axis_name)
-        start = 0
-        for i in idx:
-            size = leaves[i].size
-            out[i] = flat[start : start + size].reshape(leaves[i].shape)
-            start += size
+        offsets = np.cumsum([leaves[i].size for i in idx])[:-1]
+        for i, part in zip(idx, jnp.split(flat, offsets), strict=True):
+            out[i] = part.reshape(leaves[i].shape)
     return jax.tree.unflatten(treedef, out)
 
 
