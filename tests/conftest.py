@@ -5,7 +5,11 @@ import os
 import tempfile
 
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
-os.environ.setdefault("XLA_FLAGS", "")
+# Every program of the suite at LLVM -O2, as rljax compiles its own on CPU (compile_cache.
+# compiler_options): the tests' own programs compile ~20 % faster too.
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=2"
+).strip()
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as set_num_cpu_devices does
 # One persistent compilation cache for the suite, its xdist workers and the subprocesses it starts
 # (CLI, resume after SIGKILL, multi-process): many tests compile the same small programs.

@@ -21,6 +21,7 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rljax.algos import shuffle
 from rljax.algos.actor_critic import (
     ActorCriticAlgorithm,
     ActorCriticState,
@@ -326,7 +327,7 @@ class PPO(ActorCriticAlgorithm):
         recurrent: whole sequences)."""
         c, replicas = self.config, self.replicas
         rows = jax.tree.leaves(batch)[0].shape[1]
-        permutations = jax.vmap(jax.random.permutation, in_axes=(0, None))(
+        permutations = jax.vmap(shuffle.permutation, in_axes=(0, None))(
             jax.random.split(key, replicas), rows
         )
 

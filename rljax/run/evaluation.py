@@ -21,6 +21,7 @@ import numpy as np
 
 from rljax.envs import make_env
 from rljax.errors import ConfigError
+from rljax.run import compile_cache
 
 DEFAULT_EVAL_STEPS = 1000  # for environments without a time limit in their params
 
@@ -101,7 +102,10 @@ class Evaluation:
         self.mesh = sharded_run.mesh
         self.num_seeds = sharded_run.num_seeds
         evaluator = Evaluator(sharded_run.algo, num_envs, greedy)
-        self._evaluate = jax.jit(jax.vmap(evaluator) if self.num_seeds > 1 else evaluator)
+        self._evaluate = jax.jit(
+            jax.vmap(evaluator) if self.num_seeds > 1 else evaluator,
+            compiler_options=compile_cache.compiler_options(self.mesh),
+        )
         self._key = jax.random.fold_in(jax.random.key(seed), 0xE7A1)
         self.last_returns: np.ndarray | None = None
         self.last_update: int | None = None

@@ -1,12 +1,15 @@
 """--compile-cache: the persistent compilation cache a run writes and the next one loads."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import pytest
 from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
 from rljax import ConfigError, PPOConfig, RunConfig, train
+from rljax.parallel import make_mesh
 from rljax.run import compile_cache
+from rljax.run.sharded import ShardedRun, prepare
 
 NAMES = (
     "jax_enable_compilation_cache",
@@ -91,3 +94,29 @@ def test_a_second_run_loads_the_first_runs_programs(tmp_path, jax_cache_settings
         assert (tmp_path / name / "metrics.jsonl").exists()
     a, b = first.metrics, second.metrics
     assert [r["policy_loss"] for r in a] == [r["policy_loss"] for r in b]
+
+
+def test_cpu_programs_compile_at_llvm_o2_unless_xla_flags_set_the_level(monkeypatch):
+    mesh = make_mesh("data=1,model=1")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    assert compile_cache.compiler_options(mesh) == {"xla_backend_optimization_level": 2}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=3")
+    assert compile_cache.compiler_options(mesh) is None
+
+
+def test_the_compiler_options_change_no_number_on_one_device(monkeypatch):
+    config = PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 3, num_minibatches=2)
+    layout, algo = prepare(config, RunConfig.make(eval_every=0, quiet=True))
+
+    def trained():
+        run = ShardedRun(algo, layout, 1, chunk_size=config.num_updates)
+        run.compile(jax.random.key(0))
+        assert set(run.compile_seconds) == {"init", "chunk"}
+        state, metrics = run.run_chunk(run.init(jax.random.key(0)), config.num_updates)
+        return state.params, state.opt_state, metrics
+
+    monkeypatch.setattr(compile_cache, "compiler_options", lambda mesh: compile_cache.CPU_OPTIONS)
+    tuned = trained()
+    xla_default = {"xla_backend_optimization_level": 3}  # overrides the suite's XLA_FLAGS too
+    monkeypatch.setattr(compile_cache, "compiler_options", lambda mesh: xla_default)
+    chex.assert_trees_all_close(trained(), tuned, rtol=1e-6, atol=1e-6)
