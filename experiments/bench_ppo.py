@@ -20,10 +20,12 @@ Rows
                    no SGD) scanned over ``num_updates`` and vmapped over seeds, on one device
   purejaxrl        ``experiments/baselines/purejaxrl_ppo.py``:
                    ``jax.jit(jax.vmap(make_train(cfg)))(keys)`` (1 seed: no vmap)
+  purejaxrl-O2     the same compiled with rljax's CPU compiler options (LLVM -O2), on request
 
 Columns
   run              the group (subprocess) the row was measured in; rows of one group alternate
-  compile s        ahead-of-time ``lower().compile()`` wall time (rljax: init + chunk programs);
+  compile s        ahead-of-time ``lower().compile()`` wall time (rljax: init + chunk programs,
+                   init compiling on a second thread while the chunk compiles);
                    never included in steps/s
   steps/s          ``num_updates * batch_size * num_seeds / seconds`` of the compiled training call
                    only (state initialised, untimed, before every repeat; best of ``--repeats``,
@@ -74,7 +76,7 @@ GROUP_MESHES = {
 }
 GROUP_DEVICES = {"single": 1, "mesh": 4, "seeds": 4, "seeds2": 2, "data2": 2}
 RESULT_MARKER = "@@BENCH_PPO_RESULT@@ "
-ROW_ORDER = {"rljax": 0, "rollout ceiling": 2, "purejaxrl": 3}
+ROW_ORDER = {"rljax": 0, "rollout ceiling": 2, "purejaxrl": 3, "purejaxrl-O2": 4}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,10 +91,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--implementations",
         nargs="+",
-        choices=["rljax", "ceiling", "purejaxrl"],
+        choices=["rljax", "ceiling", "purejaxrl", "purejaxrl-O2"],
         default=["rljax", "ceiling", "purejaxrl"],
         help="rows of the single group (e.g. rljax alone for 1,024 seeds, where the PureJaxRL "
-        "port's vmapped init deadlocks)",
+        "port's vmapped init deadlocks); purejaxrl-O2: the port compiled with rljax's CPU "
+        "compiler options (LLVM -O2, rljax.run.compile_cache.CPU_OPTIONS)",
     )
     p.add_argument(
         "--alone",
@@ -165,6 +168,7 @@ def worker(
     from rljax import PPO, PPOConfig
     from rljax.parallel import Layout, make_mesh
     from rljax.parallel.rules import seeds_on
+    from rljax.run.compile_cache import CPU_OPTIONS
     from rljax.run.sharded import ShardedRun
 
     cfg = PPOConfig(total_timesteps=total_timesteps, num_envs=num_envs)
@@ -259,7 +263,7 @@ def worker(
             ),
         )
 
-    def purejaxrl_candidate(seeds):
+    def purejaxrl_candidate(seeds, options=None):
         sys.path.insert(0, str(REPO_ROOT))
         from experiments.baselines.purejaxrl_ppo import DEFAULT_CONFIG, make_train
 
@@ -272,7 +276,7 @@ def worker(
             train = jax.vmap(train)
             keys = jax.random.split(jax.random.key(42), seeds)
         t0 = time.perf_counter()
-        train_c = jax.jit(train).lower(keys).compile()
+        train_c = jax.jit(train).lower(keys).compile(options)
         compile_s = time.perf_counter() - t0
 
         def final(out):
@@ -281,12 +285,14 @@ def worker(
             return masked_mean(last, last > 0)  # 0 until an env's first episode ends
 
         detail = {"train": compile_s}
-        return Candidate("purejaxrl", SINGLE_MESH, detail, train_c, lambda: keys, final)
+        name = "purejaxrl" + ("-O2" if options else "")
+        return Candidate(name, SINGLE_MESH, detail, train_c, lambda: keys, final)
 
     makers = {
         "rljax": functools.partial(rljax_candidate, SINGLE_MESH),
         "ceiling": ceiling_candidate,
         "purejaxrl": purejaxrl_candidate,
+        "purejaxrl-O2": functools.partial(purejaxrl_candidate, options=CPU_OPTIONS),
     }
     rows: list[dict[str, Any]] = []
     for seeds in seed_counts:
@@ -299,7 +305,7 @@ def worker(
                 continue
             candidates = [rljax_candidate(mesh_spec, seeds, seed_axis)]
             if group != "mesh" and not alone:  # beside it in this run: the 1-device rows
-                wanted = [name for name in ("rljax", "purejaxrl") if name in implementations]
+                wanted = [n for n in ("rljax", "purejaxrl", "purejaxrl-O2") if n in implementations]
                 candidates += [makers[name](seeds) for name in wanted]
         # Repeats alternate between implementations, so load drift on the machine hits all alike.
         times: list[list[float]] = [[] for _ in candidates]
