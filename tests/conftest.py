@@ -17,6 +17,9 @@ os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR",
     os.path.join(tempfile.gettempdir(), f"rljax-test-jax-cache-{getpass.getuser()}"),
 )
+# Every program is written, however fast it compiled: the other worker and the subprocesses
+# (CLI, resume, multi-process) compile many of the same small programs.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -404,8 +404,11 @@ class DQN(Algorithm):
         interval = c.target_update_interval
         update_target = env_steps // interval > previous // interval
         tau = self.resolve(state.hparams).tau
-        target = jax.tree.map(
-            lambda t, p: jnp.where(update_target, tau * p + (1.0 - tau) * t, t),
+        # A cond, not a select over every parameter at every step (one step in 50 updates).
+        target = jax.lax.cond(
+            update_target,
+            lambda t, p: jax.tree.map(lambda t, p: tau * p + (1.0 - tau) * t, t, p),
+            lambda t, p: t,
             state.target_params,
             state.params,
         )

@@ -56,6 +56,7 @@ def test_a_directory_receives_the_programs_compiled_after_it_is_set(tmp_path, ja
 def test_auto_keeps_a_directory_jax_has_and_otherwise_uses_the_user_cache(
     tmp_path, monkeypatch, jax_cache_settings
 ):
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)  # jax's default
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
     assert compile_cache.use("auto") == str(tmp_path / "mine")  # JAX_COMPILATION_CACHE_DIR, say
