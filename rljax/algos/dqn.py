@@ -404,7 +404,8 @@ class DQN(Algorithm):
         interval = c.target_update_interval
         update_target = env_steps // interval > previous // interval
         tau = self.resolve(state.hparams).tau
-        # A cond, not a select over every parameter at every step (one step in 50 updates).
+        # A cond, not a select over every parameter at every vector step (it is due 1 step in 50 at
+        # the reference config): 4 us of a 25 us environment step on CPU.
         target = jax.lax.cond(
             update_target,
             lambda t, p: jax.tree.map(lambda t, p: tau * p + (1.0 - tau) * t, t, p),

@@ -14,7 +14,8 @@ def permutation(key: jax.Array, n: int) -> jax.Array:
 
     Like ``jax.random.permutation``, it sorts random 32-bit keys, but as a single uint32 operand
     (``jax.random.permutation`` sorts keys and values together). XLA's CPU sort has a fast path
-    for one integer operand: 21 us against 55 us for ``n = 512``. Each key carries
+    for one integer operand: 27 us against 55 us for ``n = 512`` (8 vmapped seeds: 119 us against
+    520 us). Each key carries
     ``index ^ c`` in its ``b = bit_length(n - 1)`` low bits (``c`` random), so the sort returns
     the indices, and two keys whose random high bits tie come out in an order that is a fair coin
     (the highest bit where their indices differ is flipped by ``c`` with probability 1/2), not by
