@@ -29,7 +29,7 @@ from rljax.errors import ConfigError
 from rljax.parallel import Layout, set_num_cpu_devices
 from rljax.parallel.actor_learner import mesh_sizes, reshard, split_layouts
 from rljax.parallel.mesh import DEFAULT_MESH
-from rljax.run import integrity, memory
+from rljax.run import compile_cache, integrity, memory
 from rljax.run.config import RunConfig, check_num_devices, validate_run
 from rljax.run.evaluation import Evaluation
 from rljax.run.sharded import check_layout, resolve_algorithm, rules_for
@@ -155,17 +155,18 @@ class ActorLearnerRun:
             (self.params_shardings,) * max_staleness,
             (actor.replicated(),) * max_staleness,
         )
-        self._init_jit = jax.jit(algo.init, out_shardings=self.full_shardings)
-        self._init_params_jit = jax.jit(algo.init, out_shardings=self.full_shardings)
+        jit = compile_cache.jit_for(self.mesh)
+        self._init_jit = jit(algo.init, out_shardings=self.full_shardings)
+        self._init_params_jit = jit(algo.init, out_shardings=self.full_shardings)
         abstract = self.abstract_state()
         acted = jax.eval_shape(self._act, abstract.actor, abstract.learner.params, jnp.int32(0))
         exp_specs = experience_specs(acted[1])
         self.exp_on_actors = actor.shardings(exp_specs)
         self.exp_on_learner = learner.shardings(exp_specs)
-        self._act_jit = jax.jit(
+        self._act_jit = jit(
             self._act, out_shardings=(self.actor_shardings, self.exp_on_actors, actor.replicated())
         )
-        self._learn_jit = jax.jit(
+        self._learn_jit = jit(
             self._learn, out_shardings=(self.learner_shardings, learner.replicated())
         )
         # One program (per chunk length): eager stacking would wait for every update.

@@ -10,6 +10,7 @@ launch. A cache can only make compiling faster; it never changes what a program 
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -95,3 +96,8 @@ def compiler_options(mesh) -> dict | None:
     if "xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", ""):
         return None
     return dict(CPU_OPTIONS) if mesh.devices.flat[0].platform == "cpu" else None
+
+
+def jit_for(mesh):
+    """``jax.jit`` with ``compiler_options(mesh)``: how rljax's runners compile their programs."""
+    return functools.partial(jax.jit, compiler_options=compiler_options(mesh))

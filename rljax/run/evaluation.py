@@ -102,10 +102,8 @@ class Evaluation:
         self.mesh = sharded_run.mesh
         self.num_seeds = sharded_run.num_seeds
         evaluator = Evaluator(sharded_run.algo, num_envs, greedy)
-        self._evaluate = jax.jit(
-            jax.vmap(evaluator) if self.num_seeds > 1 else evaluator,
-            compiler_options=compile_cache.compiler_options(self.mesh),
-        )
+        jit = compile_cache.jit_for(self.mesh)
+        self._evaluate = jit(jax.vmap(evaluator) if self.num_seeds > 1 else evaluator)
         self._key = jax.random.fold_in(jax.random.key(seed), 0xE7A1)
         self.last_returns: np.ndarray | None = None
         self.last_update: int | None = None

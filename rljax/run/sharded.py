@@ -159,7 +159,7 @@ class ShardedRun:
             self._init = functools.partial(jax.lax.map, algo.init)
         else:
             self._update, self._init = algo.update, algo.init
-        jit = functools.partial(jax.jit, compiler_options=compile_cache.compiler_options(mesh))
+        jit = self._jit = compile_cache.jit_for(mesh)
         self._init_jit = jit(self._init_from_seed_key, out_shardings=self.state_shardings)
         self._init_params_jit = jit(self._init_from_params, out_shardings=self.state_shardings)
         # Metrics replicated: every process can read them (multi-host) without a gather.
@@ -169,7 +169,6 @@ class ShardedRun:
             out_shardings=(self.state_shardings, replicated, replicated),
             donate_argnums=0,
         )
-        self._jit = jit
         self.compile_seconds: dict[str, float] = {}
         self.compiled: dict[str, Any] = {}
         self._init_members_jit = None
