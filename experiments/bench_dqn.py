@@ -17,7 +17,8 @@ episode at the end of training, as both code bases report it: a training return,
 the first env step at which the training return smoothed over 2% of the run (10k env steps by
 default; ``rljax.run.stats.steps_to_threshold``) reached 475, and the first from which it stayed
 at or above 475 to the end (``held_from``); wall seconds to the former (steps / steps per
-second). One update that touches 500 does not count.
+second). One update that touches 500 does not count. The first seed's repeats alternate
+between rljax and the port in one process, so load drift on the machine hits both alike.
 
     python experiments/bench_dqn.py                      # full benchmark (a few minutes)
     python experiments/bench_dqn.py --total-timesteps 50000 --repeats 1 --groups single  # smoke
@@ -86,41 +87,55 @@ def worker(group: str, args: argparse.Namespace) -> dict:
     run = ShardedRun(DQN(cfg, replicas=mesh.shape["data"]), mesh, chunk_size=cfg.num_updates)
     run.compile(jax.random.key(0))
     compile_s = sum(run.compile_seconds.values())
+
+    def curve(out):
+        returns = np.asarray(out[1]["episode_return"])
+        return returns, (np.arange(len(returns)) + 1) * cfg.env_steps_per_update
+
+    rljax_call = {
+        "run": lambda state: run.run_chunk(state, cfg.num_updates),
+        "input": lambda seed: run.init(jax.random.key(seed)),
+        "curve": curve,
+    }
+    candidates = [("rljax", mesh_spec, compile_s, steps, rljax_call)]
+    if group == "single":  # the port beside it, in the same process
+        candidates.append(purejaxrl_candidate(args))
+    # Repeats of the first seed alternate between implementations, so load drift on the machine
+    # hits both alike; later seeds run once each.
     rows = []
     for seed in args.seeds:
         repeats = args.repeats if seed == args.seeds[0] else 1
-        best, times, (_, metrics) = timed(
-            lambda state: run.run_chunk(state, cfg.num_updates),
-            lambda seed=seed: run.init(jax.random.key(seed)),
-            repeats,
-        )
-        returns = np.asarray(metrics["episode_return"])
-        env_steps = (np.arange(len(returns)) + 1) * cfg.env_steps_per_update
-        rows.append(
-            row("rljax", mesh_spec, seed, compile_s, steps, best, times, returns, env_steps)
-        )
-    if group != "single":
-        return {"rows": rows}
+        times = [[] for _ in candidates]
+        outs = [None] * len(candidates)
+        for _ in range(repeats):
+            for i, (_, _, _, _, call) in enumerate(candidates):
+                _, t, outs[i] = timed(call["run"], lambda seed=seed, c=call: c["input"](seed), 1)
+                times[i] += t
+        for (impl, mesh, comp, n, call), t, out in zip(candidates, times, outs, strict=True):
+            returns, env_steps = call["curve"](out)
+            rows.append(row(impl, mesh, seed, comp, n, min(t), t, returns, env_steps))
+    return {"rows": rows}
+
+
+def purejaxrl_candidate(args):
+    import time
+
+    import jax
+    import numpy as np
 
     from experiments.baselines.purejaxrl_dqn import DEFAULT_CONFIG, make_train
 
     pj_cfg = {**DEFAULT_CONFIG, "TOTAL_TIMESTEPS": args.total_timesteps, "FIX_DUMMY_RNG": True}
-    train = jax.jit(make_train(pj_cfg))
-    import time
-
     t0 = time.perf_counter()
-    train = train.lower(jax.random.key(0)).compile()
+    train = jax.jit(make_train(pj_cfg)).lower(jax.random.key(0)).compile()
     compile_s = time.perf_counter() - t0
     pj_steps = int(pj_cfg["TOTAL_TIMESTEPS"] // pj_cfg["NUM_ENVS"]) * pj_cfg["NUM_ENVS"]
-    for seed in args.seeds:
-        repeats = args.repeats if seed == args.seeds[0] else 1
-        best, times, out = timed(train, lambda seed=seed: jax.random.key(seed), repeats)
-        returns = np.asarray(out["metrics"]["returns"])
-        env_steps = np.asarray(out["metrics"]["timesteps"])
-        rows.append(
-            row("purejaxrl", "1 device", seed, compile_s, pj_steps, best, times, returns, env_steps)
-        )
-    return {"rows": rows}
+
+    def curve(out):
+        return np.asarray(out["metrics"]["returns"]), np.asarray(out["metrics"]["timesteps"])
+
+    call = {"run": train, "input": jax.random.key, "curve": curve}
+    return ("purejaxrl", "1 device", compile_s, pj_steps, call)
 
 
 def row(impl, mesh, seed, compile_s, steps, best, times, returns, env_steps):
