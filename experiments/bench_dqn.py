@@ -27,18 +27,21 @@ between rljax and the port in one process, so load drift on the machine hits bot
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.bench_harness import (  # noqa: E402
     REPO_ROOT,
+    alternate,
     log,
     markdown_table,
     run_worker,
-    timed,
     write_report,
 )
 
@@ -57,6 +60,18 @@ COLUMNS = [
     ("s to 475", "seconds_to_475", ".1f"),
 ]
 THRESHOLD = 475.0
+
+
+class Candidate(NamedTuple):
+    """One implementation compiled, ready to be timed per seed."""
+
+    implementation: str
+    mesh: str
+    compile_s: float
+    env_steps: int  # per run
+    run: Callable[[Any], Any]  # input -> output (timed)
+    fresh_input: Callable[[int], Any]  # seed -> a new input (untimed)
+    curve: Callable[[Any], tuple[Any, Any]]  # output -> (returns, env steps)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -92,32 +107,44 @@ def worker(group: str, args: argparse.Namespace) -> dict:
         returns = np.asarray(out[1]["episode_return"])
         return returns, (np.arange(len(returns)) + 1) * cfg.env_steps_per_update
 
-    rljax_call = {
-        "run": lambda state: run.run_chunk(state, cfg.num_updates),
-        "input": lambda seed: run.init(jax.random.key(seed)),
-        "curve": curve,
-    }
-    candidates = [("rljax", mesh_spec, compile_s, steps, rljax_call)]
+    candidates = [
+        Candidate(
+            "rljax",
+            mesh_spec,
+            compile_s,
+            steps,
+            run=lambda state: run.run_chunk(state, cfg.num_updates),
+            fresh_input=lambda seed: run.init(jax.random.key(seed)),
+            curve=curve,
+        )
+    ]
     if group == "single":  # the port beside it, in the same process
         candidates.append(purejaxrl_candidate(args))
-    # Repeats of the first seed alternate between implementations, so load drift on the machine
-    # hits both alike; later seeds run once each.
+    # The first seed's repeats alternate between implementations; later seeds run once each.
     rows = []
     for seed in args.seeds:
         repeats = args.repeats if seed == args.seeds[0] else 1
-        times = [[] for _ in candidates]
-        outs = [None] * len(candidates)
-        for _ in range(repeats):
-            for i, (_, _, _, _, call) in enumerate(candidates):
-                _, t, outs[i] = timed(call["run"], lambda seed=seed, c=call: c["input"](seed), 1)
-                times[i] += t
-        for (impl, mesh, comp, n, call), t, out in zip(candidates, times, outs, strict=True):
-            returns, env_steps = call["curve"](out)
-            rows.append(row(impl, mesh, seed, comp, n, min(t), t, returns, env_steps))
+        calls = [(c.run, functools.partial(c.fresh_input, seed)) for c in candidates]
+        times, outs = alternate(calls, repeats)
+        for c, t, out in zip(candidates, times, outs, strict=True):
+            returns, env_steps = c.curve(out)
+            rows.append(
+                row(
+                    c.implementation,
+                    c.mesh,
+                    seed,
+                    c.compile_s,
+                    c.env_steps,
+                    min(t),
+                    t,
+                    returns,
+                    env_steps,
+                )
+            )
     return {"rows": rows}
 
 
-def purejaxrl_candidate(args):
+def purejaxrl_candidate(args) -> Candidate:
     import time
 
     import jax
@@ -134,8 +161,7 @@ def purejaxrl_candidate(args):
     def curve(out):
         return np.asarray(out["metrics"]["returns"]), np.asarray(out["metrics"]["timesteps"])
 
-    call = {"run": train, "input": jax.random.key, "curve": curve}
-    return ("purejaxrl", "1 device", compile_s, pj_steps, call)
+    return Candidate("purejaxrl", "1 device", compile_s, pj_steps, train, jax.random.key, curve)
 
 
 def row(impl, mesh, seed, compile_s, steps, best, times, returns, env_steps):

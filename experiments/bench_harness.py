@@ -38,6 +38,19 @@ def timed(fn, fresh_input, repeats: int):
     return min(times), times, out
 
 
+def alternate(calls, repeats: int):
+    """Time ``fn(fresh_input())`` for every ``(fn, fresh_input)`` of ``calls``, ``repeats`` rounds
+    with the calls alternating inside each round, so that load drift on the machine hits all alike.
+
+    Returns ``(seconds [call][repeat], last output per call)``."""
+    times, outs = [[] for _ in calls], [None] * len(calls)
+    for _ in range(repeats):
+        for i, (fn, fresh_input) in enumerate(calls):
+            _, t, outs[i] = timed(fn, fresh_input, 1)
+            times[i] += t
+    return times, outs
+
+
 def run_worker(script: Path, group: str, argv: list[str], marker: str, timeout=None) -> dict:
     """Run ``script --_worker group *argv`` and return the JSON it printed after ``marker``."""
     cmd = [sys.executable, str(script), "--_worker", group, *argv]

@@ -64,6 +64,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from experiments.bench_harness import alternate  # noqa: E402
+
 DEFAULT_OUT = REPO_ROOT / "experiments" / "results" / "bench_ppo.json"
 SINGLE_MESH = "data=1,model=1"
 MULTI_MESH = "data=2,model=2"
@@ -264,7 +268,6 @@ def worker(
         )
 
     def purejaxrl_candidate(seeds, options=None):
-        sys.path.insert(0, str(REPO_ROOT))
         from experiments.baselines.purejaxrl_ppo import DEFAULT_CONFIG, make_train
 
         train = make_train(
@@ -307,19 +310,9 @@ def worker(
             if group != "mesh" and not alone:  # beside it in this run: the 1-device rows
                 wanted = [n for n in ("rljax", "purejaxrl", "purejaxrl-O2") if n in implementations]
                 candidates += [makers[name](seeds) for name in wanted]
-        # Repeats alternate between implementations, so load drift on the machine hits all alike.
-        times: list[list[float]] = [[] for _ in candidates]
-        finals: list[float] = [0.0] * len(candidates)
-        solved: list[float | None] = [None] * len(candidates)
-        for _ in range(repeats):
-            for i, c in enumerate(candidates):
-                arg = jax.block_until_ready(c.fresh_input())
-                t0 = time.perf_counter()
-                out = jax.block_until_ready(c.run(arg))
-                times[i].append(time.perf_counter() - t0)
-                finals[i] = c.final_return(out)
-                solved[i] = c.solved(out) if c.solved else None
-        for c, t, final, ok in zip(candidates, times, finals, solved, strict=True):
+        times, outs = alternate([(c.run, c.fresh_input) for c in candidates], repeats)
+        for c, t, out in zip(candidates, times, outs, strict=True):
+            final, ok = c.final_return(out), c.solved(out) if c.solved else None
             rows.append(
                 {**row(c.implementation, c.mesh, seeds, c.compile_s, t, final, ok), "group": group}
             )
