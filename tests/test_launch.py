@@ -27,6 +27,8 @@ WORKER = textwrap.dedent(
     import os, signal, sys, time
     from rljax.distributed import DistributedConfig, exit_process, initialize
     assert initialize(DistributedConfig())  # coordinator etc. from the launcher's environment
+    import atexit
+    atexit.register(print, "exit hook ran", flush=True)  # exit_process(0) must still run it
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     from rljax.parallel import make_mesh
@@ -106,6 +108,11 @@ def test_two_processes_reduce_like_one_process(worker, mesh4):
     np.testing.assert_allclose(value, expected, rtol=1e-5)
     assert "[p0] process 0/2: 2 of 4 devices, rows 0:4" in out
     assert "[p1] process 1/2: 2 of 4 devices, rows 4:8" in out
+    # exit_process(0) ends without interpreter teardown, but after the exit hooks.
+    for p in ("[p0] ", "[p1] "):
+        assert any(
+            line.startswith(p) and line.endswith("exit hook ran") for line in out.splitlines()
+        )
     for line in out.splitlines() + err.splitlines():
         assert line.startswith(("[p0] ", "[p1] ", "launch: ")), line
     assert launcher_lines(err) == []
