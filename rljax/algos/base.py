@@ -363,8 +363,8 @@ def flat_leaves(tree) -> dict[str, jax.Array]:
 def with_leaves(tree, leaves: dict[str, jax.Array]):
     """``tree`` with the leaves named in ``leaves`` (by ``leaf_path``) replaced."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: jnp.asarray(leaves[leaf_path(path)], x.dtype)
-        if leaf_path(path) in leaves
-        else x,
+        lambda path, x: (
+            jnp.asarray(leaves[leaf_path(path)], x.dtype) if leaf_path(path) in leaves else x
+        ),
         tree,
     )
