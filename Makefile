@@ -17,6 +17,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check rljax tests experiments notebooks
+	$(VENV)/bin/ruff format --check rljax tests experiments notebooks
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30 tests
 
 bench: $(STAMP)

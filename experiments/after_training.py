@@ -128,8 +128,11 @@ def transfer(runs: Path, out: Path, quick: bool) -> dict:
     tuned = train_run(config, runs, "asterix-from-breakout", seeds=3, init_from=str(source),
                       init_part="torso")  # fmt: skip
     report = compare(
-        CompareArgs(patterns=(str(scratch), str(tuned)), names=("from scratch", "Breakout torso"),
-                    out=str(out / "transfer_minatar"))  # fmt: skip
+        CompareArgs(
+            patterns=(str(scratch), str(tuned)),
+            names=("from scratch", "Breakout torso"),
+            out=str(out / "transfer_minatar"),
+        )  # fmt: skip
     )
     body = (out / "transfer_minatar" / "compare.md").read_text()
     (out / "transfer_minatar.md").write_text(

@@ -57,9 +57,7 @@ ENVS = {
 
 def make_config(total_timesteps: int, env: str = "Pendulum-v1") -> PPOConfig:
     # --preset pendulum; MountainCarContinuous with its own discount.
-    return preset_config(
-        "pendulum", env=env, gamma=ENVS[env][2], total_timesteps=total_timesteps
-    )
+    return preset_config("pendulum", env=env, gamma=ENVS[env][2], total_timesteps=total_timesteps)
 
 
 def summary(c: PPOConfig) -> str:

@@ -252,7 +252,8 @@ def main(argv=None) -> int:
         f" best of {args.repeats} alternating repeats of {args.calls} calls. Model FLOPs: 2 x"
         " inputs x outputs per dense layer per sample, backward 2 x forward. Matmul peak in this"
         " run (float32 `jnp.dot`, n x n): "
-        + ", ".join(f"n={n}: {g:.0f} GFLOP/s" for n, g in peaks.items()) + ".",
+        + ", ".join(f"n={n}: {g:.0f} GFLOP/s" for n, g in peaks.items())
+        + ".",
         "",
         *sections,
     ]

@@ -107,9 +107,7 @@ class Sample:
     probability: jax.Array  # float32 [N@data]: probability q_i with which the start was drawn
 
 
-def init_buffer(
-    item, capacity: int, prioritized: bool = False
-) -> ReplayBuffer:
+def init_buffer(item, capacity: int, prioritized: bool = False) -> ReplayBuffer:
     """An empty buffer for ``item`` (one env step: leaves ``[B, ...]``, arrays or
     ``ShapeDtypeStruct``s) holding ``capacity`` items in all, ``capacity // B`` per env row."""
     leaves = jax.tree.leaves(item)
@@ -155,9 +153,7 @@ def add(buffer: ReplayBuffer, item) -> ReplayBuffer:
 
     def write(stored, x):
         x = jnp.expand_dims(x.astype(stored.dtype), 1)
-        return constrain(
-            jax.lax.dynamic_update_slice_in_dim(stored, x, position, axis=1), "batch"
-        )
+        return constrain(jax.lax.dynamic_update_slice_in_dim(stored, x, position, axis=1), "batch")
 
     data = jax.tree.map(write, buffer.data, item)
     priority = buffer.priority
@@ -358,9 +354,7 @@ def update_priorities(
     batch, scalar = PartitionSpec(axis), PartitionSpec()
     run = _per_shard(body, axis, (batch, scalar, batch, batch), (batch, scalar))
     priority, max_priority = run(buffer.priority, buffer.max_priority, index, td_error)
-    return buffer.replace(
-        priority=constrain(priority, "batch"), max_priority=max_priority
-    )
+    return buffer.replace(priority=constrain(priority, "batch"), max_priority=max_priority)
 
 
 def buffer_logical_specs(buffer_abstract: ReplayBuffer) -> ReplayBuffer:

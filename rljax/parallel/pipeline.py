@@ -55,8 +55,7 @@ def check_pipeline(depth: int, microbatches: int, stages: int, batches: dict[str
 
 
 def sequential(layer_fn: Callable, params, x):
-    """``layer_fn`` of each stacked layer in turn: ``params`` leaves ``[L, ...]``, ``x: [B, ...]``.
-    """
+    """Each stacked layer's ``layer_fn`` in turn: ``params`` ``[L, ...]``, ``x: [B, ...]``."""
     return jax.lax.scan(lambda h, p: (layer_fn(p, h), None), x, params)[0]
 
 

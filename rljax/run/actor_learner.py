@@ -145,9 +145,7 @@ class ActorLearnerRun:
         specs = algo.state_specs()
         self.full_shardings = learner.shardings(specs)
         self.learner_shardings = learner.shardings(specs.replace(**dict.fromkeys(ACTOR_ONLY)))
-        self.actor_shardings = actor.shardings(
-            specs.replace(params=None, opt_state=None, sync={})
-        )
+        self.actor_shardings = actor.shardings(specs.replace(params=None, opt_state=None, sync={}))
         self.params_shardings = actor.shardings(specs.params)
         self.state_shardings = ActorLearnerState(
             self.learner_shardings,

@@ -148,9 +148,7 @@ class RunLock:
                 self._take_over_if_stale()
                 continue
             except OSError as error:
-                raise ConfigError(
-                    f"cannot create {self.path}: {error.strerror or error}"
-                ) from None
+                raise ConfigError(f"cannot create {self.path}: {error.strerror or error}") from None
             self._content = json.dumps(
                 {
                     "pid": os.getpid(),
@@ -240,9 +238,7 @@ class RunDirectory:
             check_writable_dir(self.path, "run directory")
 
     def _has_contents(self) -> bool:
-        return self.path.is_dir() and any(
-            p.name != LOCK_NAME for p in self.path.iterdir()
-        )
+        return self.path.is_dir() and any(p.name != LOCK_NAME for p in self.path.iterdir())
 
     def _exists_message(self) -> str:
         return (

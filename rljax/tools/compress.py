@@ -149,9 +149,7 @@ def variants(params, args: CompressArgs) -> list[Variant]:
         size = other_bytes + sum(q.nbytes + s.nbytes for q, s in quantized.values())
 
         def dequantize(stored):
-            return {
-                p: (dequantize_int8(*x) if is_kernel(p) else x) for p, x in stored.items()
-            }
+            return {p: (dequantize_int8(*x) if is_kernel(p) else x) for p, x in stored.items()}
 
         out.append(Variant("int8", {**others, **quantized}, size, dequantize))
     prunable = {p: x for p, x in kernels.items() if is_prunable(p)}
@@ -369,4 +367,3 @@ def markdown(report: dict) -> str:
             f"| {r['steps_per_s']:,.0f} |"
         )
     return "\n".join(lines)
-

@@ -20,8 +20,7 @@ def check_renderable(env: str) -> None:
     """One ``ConfigError`` when gymnax cannot draw ``env`` or a package it needs is missing."""
     if env not in RENDERABLE:
         raise ConfigError(
-            f"rendering {env} is not supported: gymnax's visualiser draws "
-            f"{', '.join(RENDERABLE)}"
+            f"rendering {env} is not supported: gymnax's visualiser draws {', '.join(RENDERABLE)}"
         )
     needs = ["pygame"] if env in CLASSIC else ["seaborn"] if env in MINATAR else []
     missing = [m for m in needs if importlib.util.find_spec(m) is None]

@@ -63,16 +63,12 @@ def plan_transfer(source_dir: str, part: str, algo) -> TransferPlan:
         if path not in source_shapes:
             problems.append(f"{path}: not in the source (this run {target_shapes[path]})")
         elif source_shapes[path] != target_shapes[path]:
-            problems.append(
-                f"{path}: source {source_shapes[path]}, this run {target_shapes[path]}"
-            )
+            problems.append(f"{path}: source {source_shapes[path]}, this run {target_shapes[path]}")
     if problems:
         hint = "; --init-part torso leaves the heads out" if part == "all" else ""
         raise ConfigError(
             f"cannot initialise from {source_dir!r} ({algorithm} on {source_config.env}): "
-            f"{len(problems)} parameter(s) do not match: "
-            + "; ".join(problems)
-            + hint
+            f"{len(problems)} parameter(s) do not match: " + "; ".join(problems) + hint
         )
     return TransferPlan(Path(source_dir), part, tuple(wanted))
 

@@ -27,7 +27,10 @@ def probe(devices: int, **env_overrides) -> str:
     env.pop("JAX_NUM_CPU_DEVICES", None)
     env.update(env_overrides)
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, str(devices)], env=env, capture_output=True, text=True,
+        [sys.executable, "-c", PROBE, str(devices)],
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr

@@ -240,9 +240,7 @@ def data_bytes(strategy, **sync):
     # The synchronisation's own collectives (in shard_map); metrics such as the residual norm
     # add a few bytes of scalar reductions outside it.
     ops = [
-        c
-        for c in collectives(compiled, mesh)
-        if c.axes == ("data",) and "shard_map" in c.op_name
+        c for c in collectives(compiled, mesh) if c.axes == ("data",) and "shard_map" in c.op_name
     ]
     always = sum(c.sent_bytes * c.multiplicity for c in ops if not c.conditional)
     on_sync = sum(c.sent_bytes * c.multiplicity for c in ops if c.conditional)

@@ -114,8 +114,12 @@ def test_sigterm_finishes_the_chunk_saves_and_exits_zero(tmp_path):
 # -- in-process -----------------------------------------------------------------------------------
 def run_small(tmp_path, name, config=SMALL, hooks=(), **run):
     options = dict(
-        mesh="data=2,model=2", log_every=2, checkpoint_every=4, checkpoint_min_seconds=0,
-        quiet=True, measure_comm=False,
+        mesh="data=2,model=2",
+        log_every=2,
+        checkpoint_every=4,
+        checkpoint_min_seconds=0,
+        quiet=True,
+        measure_comm=False,
     )
     run = RunConfig.make(runs_dir=str(tmp_path), run_name=name, **(options | run))
     return train(config, run, hooks=hooks)

@@ -279,8 +279,10 @@ def test_ctrl_c_through_the_cli_is_one_line_and_exit_130(tmp_path, interrupt_aft
     code = main(["train", "ppo", *CLI_TINY, "--runs-dir", str(tmp_path), "--run-name", "c"])
     assert code == 130
     err = one_error_line(capsys)
-    assert err == f"interrupted: SIGINT before the first chunk finished; removed {tmp_path / 'c'}" \
+    assert (
+        err == f"interrupted: SIGINT before the first chunk finished; removed {tmp_path / 'c'}"
         " (nothing was trained)"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
