@@ -220,14 +220,17 @@ class ShardedRun:
 
     def _updates_of(self, state, num_updates):
         """``num_updates`` updates of ``state`` -> ``(state, metrics [chunk_size, ...])``."""
-        metric_shapes = jax.eval_shape(self._update, state)[1]
+        # One trace of the update serves both the metrics' shapes and the loop body (a jit's
+        # trace is cached by input types); the nested call is inlined when XLA compiles.
+        update = jax.jit(self._update)
+        metric_shapes = jax.eval_shape(update, state)[1]
         buffer = jax.tree.map(
             lambda m: jnp.zeros((self.chunk_size, *m.shape), m.dtype), metric_shapes
         )
 
         def body(i, carry):
             state, buffer = carry
-            state, metrics = self._update(state)
+            state, metrics = update(state)
             buffer = jax.tree.map(lambda b, m: b.at[i].set(m), buffer, metrics)
             return state, buffer
 
