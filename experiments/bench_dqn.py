@@ -213,6 +213,20 @@ def main(argv=None) -> None:
     print(f"\nDQN CartPole-v1, {args.total_timesteps:,} env steps per seed\n\n{table}")
     report = {"total_timesteps": args.total_timesteps, "rows": rows, "table": table}
     write_report(args.out, "bench_dqn", report)
+    md = args.out.with_suffix(".md")
+    md.write_text(markdown_report(json.loads(args.out.read_text())))
+    print(f"wrote {md}")
+
+
+def markdown_report(report: dict) -> str:
+    """The ``.md`` beside the JSON: the command, the setting and the table."""
+    return (
+        f"# DQN throughput: rljax vs PureJaxRL\n\n`python experiments/bench_dqn.py "
+        f"{' '.join(report['argv'])}`; CartPole-v1, {report['total_timesteps']:,} env steps per "
+        "seed, the reference config (see the script's docstring). The first seed's repeats "
+        "alternate between the implementations (best of them); later seeds run once each. "
+        f"Compile time apart.\n\n{report['table']}\n"
+    ) + (f"\nFinished {report['finished']}.\n" if "finished" in report else "")
 
 
 if __name__ == "__main__":
