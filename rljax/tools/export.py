@@ -9,9 +9,14 @@ OUT_DIR receives
   sample.jaxexport     ``(obs [b, D] float32, key_data uint32[2]) -> action``, a sample
                        (``key_data = jax.random.key_data(jax.random.key(seed))``)
 
-``rljax.load_policy(OUT_DIR)`` gives a ``Policy`` with a jitted ``act(obs, key=None)``. The two
-artifacts run with JAX alone (``jax.export.deserialize(bytes).call(obs)``), without rljax: the
-parameters are constants inside them, and the batch size ``b`` is symbolic.
+A recurrent policy (``recurrent="gru"``) carries a memory ``[b, H] float32`` from step to step:
+zeros at an episode's start (``policy.json``: ``memory_shape``), and each artifact takes it after
+the observation and returns ``(action, memory')``.
+
+``rljax.load_policy(OUT_DIR)`` gives a ``Policy`` with a jitted ``act(obs, key=None)`` (recurrent:
+``act(obs, key=None, memory=...)`` from ``initial_memory(b)``). The two artifacts run with JAX
+alone (``jax.export.deserialize(bytes).call(obs)``), without rljax: the parameters are constants
+inside them, and the batch size ``b`` is symbolic.
 """
 
 from __future__ import annotations
@@ -53,7 +58,9 @@ class ExportArgs:
 class Policy:
     """A policy loaded by ``load_policy``: ``act(obs [B, D], key=None)`` -> actions as the
     environment takes them (``[B]`` int32, or ``[B, A]`` within the bounds); greedy without a
-    key, sampled with one."""
+    key, sampled with one. A recurrent policy also takes ``memory [B, H]`` (``initial_memory(B)``
+    at the episodes' start, reset there after every episode end) and returns
+    ``(actions, memory')``."""
 
     algorithm: str
     config: Any
@@ -65,16 +72,30 @@ class Policy:
         import jax
 
         self.algo = _algo_class(self.algorithm)(self.config)
+        self.recurrent = self.algo.eval_memory(1) is not None
         stats = {} if self.obs_stats is None else {"obs_stats": self.obs_stats}
-        self._greedy = jax.jit(
-            lambda p, o: self.algo.eval_action(p, o, jax.random.key(0), True, **stats)
-        )
-        self._sample = jax.jit(lambda p, o, k: self.algo.eval_action(p, o, k, False, **stats))
 
-    def act(self, obs, key=None):
+        def action(params, obs, key, greedy, memory):
+            carried = {"memory": memory} if self.recurrent else {}
+            return self.algo.eval_action(params, obs, key, greedy, **stats, **carried)
+
+        self._greedy = jax.jit(lambda p, o, m: action(p, o, jax.random.key(0), True, m))
+        self._sample = jax.jit(lambda p, o, m, k: action(p, o, k, False, m))
+
+    def initial_memory(self, num_envs: int):
+        """``[num_envs, H]`` zeros for a recurrent policy's episodes at their start; ``None``
+        for a feed-forward one."""
+        return self.algo.eval_memory(num_envs) if self.recurrent else None
+
+    def act(self, obs, key=None, memory=None):
+        if self.recurrent and memory is None:
+            raise ValueError(
+                "a recurrent policy acts from its memory: pass memory=initial_memory(num_envs) "
+                "at the episodes' start and the memory each call returns after that"
+            )
         if key is None:
-            return self._greedy(self.params, obs)
-        return self._sample(self.params, obs, key)
+            return self._greedy(self.params, obs, memory)
+        return self._sample(self.params, obs, memory, key)
 
 
 def _algo_class(algorithm: str):
@@ -105,12 +126,7 @@ def export_run(args: ExportArgs, say=print) -> Path:
     check_args(args)
     from rljax.tools.runs import read_run
 
-    _, config, _ = read_run(args.run_dir, "export")
-    if getattr(config, "recurrent", "none") != "none":
-        raise ConfigError(
-            f"cannot export {args.run_dir!r}: a recurrent policy (recurrent={config.recurrent!r}) "
-            "is not exportable yet; rljax eval and rljax compress take it"
-        )
+    read_run(args.run_dir, "export")  # one clear error for a directory that is not a run
     loaded = load_run(args.run_dir, args.step, verb="export")
     if args.seed_index >= loaded.run.num_seeds:
         raise ConfigError(
@@ -138,6 +154,8 @@ def export_run(args: ExportArgs, say=print) -> Path:
         "normalize_obs": stats is not None,
     }
     policy = Policy(loaded.algorithm, loaded.algo_config, params, stats, meta)
+    memory = policy.initial_memory(1)
+    meta["memory_shape"] = None if memory is None else list(memory.shape[1:])
     greedy, sample = _exported(policy, spec.obs_dim)
 
     blob = {
@@ -169,10 +187,20 @@ def _exported(policy: Policy, obs_dim: int):
     (batch,) = export.symbolic_shape("b")
     obs = jax.ShapeDtypeStruct((batch, obs_dim), jnp.float32)
     key_data = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    greedy = export.export(jax.jit(lambda o: policy.act(o)))(obs)
-    sample = export.export(
-        jax.jit(lambda o, k: policy.act(o, jax.random.wrap_key_data(k, impl="threefry2x32")))
-    )(obs, key_data)
+
+    def key_of(k):
+        return jax.random.wrap_key_data(k, impl="threefry2x32")
+
+    if not policy.recurrent:
+        greedy = export.export(jax.jit(lambda o: policy.act(o)))(obs)
+        sample = export.export(jax.jit(lambda o, k: policy.act(o, key_of(k))))(obs, key_data)
+        return greedy, sample
+    initial = policy.initial_memory(1)
+    memory = jax.ShapeDtypeStruct((batch, *initial.shape[1:]), initial.dtype)
+    greedy = export.export(jax.jit(lambda o, m: policy.act(o, memory=m)))(obs, memory)
+    sample = export.export(jax.jit(lambda o, m, k: policy.act(o, key_of(k), memory=m)))(
+        obs, memory, key_data
+    )
     return greedy, sample
 
 
