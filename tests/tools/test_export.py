@@ -73,17 +73,23 @@ NO_RLJAX = textwrap.dedent(
 )
 
 
-def test_exported_artifacts_run_without_rljax(exported, tmp_path):
-    np.save(tmp_path / "obs.npy", OBS)
+def without_rljax(script_text, exported, obs, tmp_path):
+    """What ``script_text`` saves when it runs the artifacts in ``exported`` on ``obs`` in a
+    process that cannot import rljax."""
+    np.save(tmp_path / "obs.npy", np.asarray(obs))
     script = tmp_path / "no_rljax.py"
-    script.write_text(NO_RLJAX)
+    script.write_text(script_text)
     result = subprocess.run(
         [sys.executable, str(script), str(exported), str(tmp_path / "obs.npy"),
          str(tmp_path / "actions.npy")],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    greedy, sampled = np.load(tmp_path / "actions.npy")
+    return np.load(tmp_path / "actions.npy")
+
+
+def test_exported_artifacts_run_without_rljax(exported, tmp_path):
+    greedy, sampled = without_rljax(NO_RLJAX, exported, OBS, tmp_path)
     policy = rljax.load_policy(exported)
     np.testing.assert_array_equal(greedy, policy.act(jnp.asarray(OBS)))
     np.testing.assert_array_equal(sampled, policy.act(jnp.asarray(OBS), jax.random.key(3)))
@@ -165,16 +171,7 @@ def test_a_recurrent_policy_exports_with_its_memory(recurrent_exported, tmp_path
     np.testing.assert_array_equal(sampled, expected)
 
     # The artifacts, in a process that cannot import rljax, give the same actions.
-    np.save(tmp_path / "obs.npy", np.asarray(obs))
-    script = tmp_path / "no_rljax.py"
-    script.write_text(RECURRENT_NO_RLJAX)
-    out = subprocess.run(
-        [sys.executable, str(script), str(exported), str(tmp_path / "obs.npy"),
-         str(tmp_path / "actions.npy")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
-    first, second, sampled = np.load(tmp_path / "actions.npy")
+    first, second, sampled = without_rljax(RECURRENT_NO_RLJAX, exported, obs, tmp_path)
     memory = start
     for got in (first, second):
         action, memory = policy.act(obs, memory=memory)
