@@ -212,9 +212,9 @@ def main(argv=None) -> None:
     table = markdown_table(rows, COLUMNS)
     print(f"\nDQN CartPole-v1, {args.total_timesteps:,} env steps per seed\n\n{table}")
     report = {"total_timesteps": args.total_timesteps, "rows": rows, "table": table}
-    write_report(args.out, "bench_dqn", report)
+    written = write_report(args.out, "bench_dqn", report)
     md = args.out.with_suffix(".md")
-    md.write_text(markdown_report(json.loads(args.out.read_text())))
+    md.write_text(markdown_report(written))
     print(f"wrote {md}")
 
 

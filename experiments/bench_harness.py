@@ -83,8 +83,8 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str
     return "\n".join(lines)
 
 
-def write_report(out: Path, name: str, report: dict[str, Any]) -> None:
-    """Atomically write ``report`` plus the machine description as JSON."""
+def write_report(out: Path, name: str, report: dict[str, Any]) -> dict[str, Any]:
+    """Atomically write ``report`` plus the machine description as JSON; returns what it wrote."""
     import jax
 
     report = {
@@ -102,6 +102,7 @@ def write_report(out: Path, name: str, report: dict[str, Any]) -> None:
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     tmp.replace(out)
     print(f"\nwrote {out}")
+    return report
 
 
 # ------------------------------------------------------------------------------------------------

@@ -87,6 +87,11 @@ class Policy:
         for a feed-forward one."""
         return self.algo.eval_memory(num_envs) if self.recurrent else None
 
+    @property
+    def memory_shape(self) -> tuple[int, ...] | None:
+        """One episode's memory shape (``(H,)``), ``None`` for a feed-forward policy."""
+        return tuple(self.initial_memory(1).shape[1:]) if self.recurrent else None
+
     def act(self, obs, key=None, memory=None):
         if self.recurrent and memory is None:
             raise ValueError(
@@ -124,9 +129,6 @@ def export_run(args: ExportArgs, say=print) -> Path:
     from rljax.tools.runs import load_run
 
     check_args(args)
-    from rljax.tools.runs import read_run
-
-    read_run(args.run_dir, "export")  # one clear error for a directory that is not a run
     loaded = load_run(args.run_dir, args.step, verb="export")
     if args.seed_index >= loaded.run.num_seeds:
         raise ConfigError(
@@ -154,8 +156,7 @@ def export_run(args: ExportArgs, say=print) -> Path:
         "normalize_obs": stats is not None,
     }
     policy = Policy(loaded.algorithm, loaded.algo_config, params, stats, meta)
-    memory = policy.initial_memory(1)
-    meta["memory_shape"] = None if memory is None else list(memory.shape[1:])
+    meta["memory_shape"] = None if policy.memory_shape is None else list(policy.memory_shape)
     greedy, sample = _exported(policy, spec.obs_dim)
 
     blob = {
@@ -195,8 +196,7 @@ def _exported(policy: Policy, obs_dim: int):
         greedy = export.export(jax.jit(lambda o: policy.act(o)))(obs)
         sample = export.export(jax.jit(lambda o, k: policy.act(o, key_of(k))))(obs, key_data)
         return greedy, sample
-    initial = policy.initial_memory(1)
-    memory = jax.ShapeDtypeStruct((batch, *initial.shape[1:]), initial.dtype)
+    memory = jax.ShapeDtypeStruct((batch, *policy.memory_shape), jnp.float32)
     greedy = export.export(jax.jit(lambda o, m: policy.act(o, memory=m)))(obs, memory)
     sample = export.export(jax.jit(lambda o, m, k: policy.act(o, key_of(k), memory=m)))(
         obs, memory, key_data
