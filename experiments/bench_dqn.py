@@ -17,8 +17,9 @@ episode at the end of training, as both code bases report it: a training return,
 the first env step at which the training return smoothed over 2% of the run (10k env steps by
 default; ``rljax.run.stats.steps_to_threshold``) reached 475, and the first from which it stayed
 at or above 475 to the end (``held_from``); wall seconds to the former (steps / steps per
-second). One update that touches 500 does not count. The first seed's repeats alternate
-between rljax and the port in one process, so load drift on the machine hits both alike.
+second). One update that touches 500 does not count. Each seed's repeats alternate between
+rljax and the port in one process, so load drift on the machine hits both alike; below the table,
+per seed, the ratio of the best runs and the median ratio of the alternating pairs.
 
     python experiments/bench_dqn.py                      # full benchmark (a few minutes)
     python experiments/bench_dqn.py --total-timesteps 50000 --repeats 1 --groups single  # smoke
@@ -78,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--total-timesteps", type=int, default=500_000)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per seed")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs of seed 0 (best reported)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per seed (best reported)")
     p.add_argument("--groups", nargs="+", choices=sorted(GROUPS), default=["single", "mesh"])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--_worker", choices=sorted(GROUPS), help=argparse.SUPPRESS)
@@ -120,12 +121,12 @@ def worker(group: str, args: argparse.Namespace) -> dict:
     ]
     if group == "single":  # the port beside it, in the same process
         candidates.append(purejaxrl_candidate(args))
-    # The first seed's repeats alternate between implementations; later seeds run once each.
+    # Every seed's repeats alternate between implementations, so a slow moment of a shared
+    # machine hits both alike.
     rows = []
     for seed in args.seeds:
-        repeats = args.repeats if seed == args.seeds[0] else 1
         calls = [(c.run, functools.partial(c.fresh_input, seed)) for c in candidates]
-        times, outs = alternate(calls, repeats)
+        times, outs = alternate(calls, args.repeats)
         for c, t, out in zip(candidates, times, outs, strict=True):
             returns, env_steps = c.curve(out)
             rows.append(
@@ -210,12 +211,38 @@ def main(argv=None) -> None:
     for group in args.groups:
         rows += run_worker(Path(__file__).resolve(), group, passthrough, MARKER)["rows"]
     table = markdown_table(rows, COLUMNS)
-    print(f"\nDQN CartPole-v1, {args.total_timesteps:,} env steps per seed\n\n{table}")
+    ratios = speedups(rows)
+    print(f"\nDQN CartPole-v1, {args.total_timesteps:,} env steps per seed\n\n{table}\n\n{ratios}")
     report = {"total_timesteps": args.total_timesteps, "rows": rows, "table": table}
+    report["speedups"] = ratios
     written = write_report(args.out, "bench_dqn", report)
     md = args.out.with_suffix(".md")
     md.write_text(markdown_report(written))
     print(f"wrote {md}")
+
+
+def speedups(rows: list[dict]) -> str:
+    """Per seed, rljax (1 device) over the port in steps/s: the ratio of the best runs, and the
+    median of the ratios of alternating pairs (robust to a slow moment on a shared machine)."""
+    import statistics
+
+    lines = []
+    for seed in sorted({r["seed"] for r in rows}):
+        mine = [r for r in rows if r["seed"] == seed and r["mesh"] == GROUPS["single"][0]]
+        port = [r for r in rows if r["seed"] == seed and r["implementation"] == "purejaxrl"]
+        if not (mine and port):
+            continue
+        a, b = mine[0], port[0]
+        per_step = [
+            tb / b["env_steps"] / (ta / a["env_steps"])
+            for ta, tb in zip(a["run_s_all"], b["run_s_all"], strict=True)
+        ]
+        lines.append(
+            f"- seed {seed}: rljax / purejaxrl steps/s {a['steps_per_s'] / b['steps_per_s']:.2f}x "
+            f"(best runs), {statistics.median(per_step):.2f}x (median of {len(per_step)} "
+            "alternating pairs)"
+        )
+    return "\n".join(lines)
 
 
 def markdown_report(report: dict) -> str:
@@ -223,9 +250,9 @@ def markdown_report(report: dict) -> str:
     return (
         f"# DQN throughput: rljax vs PureJaxRL\n\n`python experiments/bench_dqn.py "
         f"{' '.join(report['argv'])}`; CartPole-v1, {report['total_timesteps']:,} env steps per "
-        "seed, the reference config (see the script's docstring). The first seed's repeats "
-        "alternate between the implementations (best of them); later seeds run once each. "
-        f"Compile time apart.\n\n{report['table']}\n"
+        "seed, the reference config (see the script's docstring). Each seed's repeats "
+        "alternate between the implementations (best of them). "
+        f"Compile time apart.\n\n{report['table']}\n\n{report.get('speedups', '')}\n"
     ) + (f"\nFinished {report['finished']}.\n" if "finished" in report else "")
 
 

@@ -41,6 +41,7 @@ from rljax.buffers import ReplayBuffer, add, init_buffer, sample, update_priorit
 from rljax.buffers.replay import buffer_logical_specs
 from rljax.envs import EnvBatch
 from rljax.networks import zoo
+from rljax.rng import index_from_bits, uniform_from_bits
 
 
 @struct.dataclass
@@ -150,10 +151,9 @@ class DQN(Algorithm):
     def act(self, params, obs, key, epsilon):
         """Epsilon-greedy ``[B@data]`` int32 actions."""
         greedy = jnp.argmax(self.q_values(params, obs), axis=-1).astype(jnp.int32)
-        explore_key, action_key = jax.random.split(key)
-        b = obs.shape[0]
-        random_action = jax.random.randint(action_key, (b,), 0, self.env.spec.num_actions)
-        explore = jax.random.uniform(explore_key, (b,)) < epsilon
+        explore_bits, action_bits = jax.random.bits(key, (2, obs.shape[0]))
+        random_action = index_from_bits(action_bits, self.env.spec.num_actions)
+        explore = uniform_from_bits(explore_bits) < epsilon
         return jnp.where(explore, random_action, greedy)
 
     def eval_action(self, params, obs, key, greedy: bool = True, obs_stats=None) -> jax.Array:

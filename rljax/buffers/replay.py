@@ -75,6 +75,7 @@ from jax.sharding import PartitionSpec
 
 from rljax.errors import ConfigError
 from rljax.parallel.rules import constrain, mesh_axis
+from rljax.rng import index_from_bits, uniform_from_bits
 
 
 @struct.dataclass
@@ -227,13 +228,13 @@ def _proportional(p: jax.Array, key: jax.Array, n: int) -> tuple[jax.Array, jax.
     inner = _cdf(blocks)  # [L / width, width]
     outer = _cdf(inner[:, -1])  # [L / width]
     total = outer[-1]
-    segment_key, inner_key = jax.random.split(key)
-    u = (jnp.arange(n) + jax.random.uniform(segment_key, (n,))) / n * total
+    segment_u, inner_u = uniform_from_bits(jax.random.bits(key, (2, n)))
+    u = (jnp.arange(n) + segment_u) / n * total
     block = jnp.minimum(
         _search_right(lambda i: outer[i], outer.shape[0], _below(u, total)), outer.shape[0] - 1
     )
     block_total = inner[block, -1]
-    v = _below(jax.random.uniform(inner_key, (n,)) * block_total, block_total)
+    v = _below(inner_u * block_total, block_total)
     entry = jnp.minimum(_search_right(lambda i: inner[block, i], width, v), width - 1)
     return jnp.minimum(block * width + entry, length - 1), total
 
@@ -293,7 +294,7 @@ def sample(
             ratio = jnp.minimum(q_min, probability) / jnp.where(probability > 0, probability, 1.0)
             weight = jnp.where(probability > 0, ratio**beta, 1.0).astype(jnp.float32)
         else:
-            flat = jax.random.randint(key, (per_shard,), 0, rows * starts, dtype=jnp.int32)
+            flat = index_from_bits(jax.random.bits(key, (per_shard,)), rows * starts)
             row = flat // starts
             position = (oldest + flat % starts) % ring
             probability = jnp.full((per_shard,), 1.0 / (shards * rows * starts), jnp.float32)

@@ -93,4 +93,13 @@ def positive(config: SyncConfig, *names: str) -> None:
 
 
 def tree_norm(tree) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+    """Global L2 norm of ``tree``'s leaves, in float32."""
+    leaves = [x.astype(jnp.float32) for x in jax.tree.leaves(tree)]
+    mesh = jax.sharding.get_abstract_mesh()
+    if len(leaves) > 1 and (mesh.empty or mesh.size == 1):
+        # One device: one dot over the concatenated leaves is one reduction instead of one per
+        # leaf (~5 us of a 130 us DQN step on CPU). On a real mesh the concatenation would
+        # gather sharded leaves, so there each leaf reduces in place.
+        flat = jnp.concatenate([x.reshape(-1) for x in leaves])
+        return jnp.sqrt(jnp.vdot(flat, flat))
+    return jnp.sqrt(sum((jnp.sum(jnp.square(x)) for x in leaves), jnp.zeros((), jnp.float32)))
