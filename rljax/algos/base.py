@@ -23,6 +23,7 @@ from rljax.envs import EpisodeStats, make_env
 from rljax.errors import ConfigError
 from rljax.parallel.learner import Learner
 from rljax.parallel.rules import batch_spec_like
+from rljax.parallel.sync import tree_norm
 
 
 def sweepable(default: float):
@@ -211,7 +212,7 @@ def adam(
     stochastically, because round-to-nearest loses every change smaller than half a bfloat16
     ulp (2**-9 relative): ``nu``'s decay by ``b2 = 0.999`` and most ``lr``-sized parameter
     steps. For float32 parameters this is exactly ``optax.adam`` (same state tree)."""
-    chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
+    chain = [clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
     if traced_lr:
         chain.append(_adam_moments_stored(eps))
         chain.append(optax.scale_by_schedule(lambda n: -decay(n)) if decay else optax.scale(-1.0))
@@ -223,6 +224,22 @@ def adam(
             )
         )
     return _float32_gradients(optax.chain(*chain))
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """``optax.clip_by_global_norm`` (same arithmetic, same empty state) with the norm computed
+    by ``tree_norm``, the learner's ``grad_norm`` metric: XLA then computes it once for both."""
+
+    def update(updates, state, params=None):
+        del params
+        norm = tree_norm(updates)
+        keep = norm < max_norm
+        clipped = jax.tree.map(
+            lambda t: jax.lax.select(keep, t, (t / norm.astype(t.dtype)) * max_norm), updates
+        )
+        return clipped, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 # -- storage narrower than float32 ----------------------------------------------------------------
