@@ -213,8 +213,12 @@ def main(argv=None) -> None:
     table = markdown_table(rows, COLUMNS)
     ratios = speedups(rows)
     print(f"\nDQN CartPole-v1, {args.total_timesteps:,} env steps per seed\n\n{table}\n\n{ratios}")
-    report = {"total_timesteps": args.total_timesteps, "rows": rows, "table": table}
-    report["speedups"] = ratios
+    report = {
+        "total_timesteps": args.total_timesteps,
+        "rows": rows,
+        "table": table,
+        "speedups": ratios,
+    }
     written = write_report(args.out, "bench_dqn", report)
     md = args.out.with_suffix(".md")
     md.write_text(markdown_report(written))
@@ -233,13 +237,13 @@ def speedups(rows: list[dict]) -> str:
         if not (mine and port):
             continue
         a, b = mine[0], port[0]
-        per_step = [
+        pair_ratios = [
             tb / b["env_steps"] / (ta / a["env_steps"])
             for ta, tb in zip(a["run_s_all"], b["run_s_all"], strict=True)
         ]
         lines.append(
             f"- seed {seed}: rljax / purejaxrl steps/s {a['steps_per_s'] / b['steps_per_s']:.2f}x "
-            f"(best runs), {statistics.median(per_step):.2f}x (median of {len(per_step)} "
+            f"(best runs), {statistics.median(pair_ratios):.2f}x (median of {len(pair_ratios)} "
             "alternating pairs)"
         )
     return "\n".join(lines)

@@ -5,8 +5,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.parallel import make_mesh
-from rljax.parallel.sync import tree_norm
 from rljax.rng import index_from_bits, uniform_from_bits
 
 
@@ -35,16 +33,3 @@ def test_index_from_bits_is_uniform():
     expected = 70_000 / 7
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 22.5  # 6 degrees of freedom, p = 0.001
-
-
-def test_tree_norm_matches_numpy_with_and_without_mesh():
-    tree = {
-        "w": jnp.arange(12.0).reshape(3, 4),
-        "b": jnp.ones(5, jnp.bfloat16),
-        "s": jnp.float32(2.0),
-    }
-    want = np.sqrt(np.sum(np.arange(12.0) ** 2) + 5 + 4)
-    np.testing.assert_allclose(jax.jit(tree_norm)(tree), want, rtol=1e-6)
-    with jax.set_mesh(make_mesh("data=2")):
-        np.testing.assert_allclose(jax.jit(tree_norm)(tree), want, rtol=1e-6)
-    assert float(tree_norm({})) == 0.0

@@ -16,7 +16,7 @@ from rljax.networks import ActorCritic
 from rljax.parallel import compression, make_mesh
 from rljax.parallel.learner import Learner
 from rljax.parallel.replicas import per_replica
-from rljax.parallel.sync import SyncConfig, validate_sync
+from rljax.parallel.sync import SyncConfig, tree_norm, validate_sync
 from rljax.parallel.sync.compressed import compression_groups
 from rljax.run.sharded import ShardedRun
 
@@ -294,3 +294,16 @@ def test_local_sgd_is_amortised_over_k(allreduce_bytes):
     assert on_sync == pytest.approx(2 * allreduce_bytes[0])
     amortised = (always * 4 + on_sync) / 4
     assert amortised == pytest.approx(allreduce_bytes[0] * 2 / 4)
+
+
+def test_tree_norm_matches_numpy_with_and_without_mesh():
+    tree = {
+        "w": jnp.arange(12.0).reshape(3, 4),
+        "b": jnp.ones(5, jnp.bfloat16),
+        "s": jnp.float32(2.0),
+    }
+    want = np.sqrt(np.sum(np.arange(12.0) ** 2) + 5 + 4)
+    np.testing.assert_allclose(jax.jit(tree_norm)(tree), want, rtol=1e-6)
+    with jax.set_mesh(make_mesh("data=2")):
+        np.testing.assert_allclose(jax.jit(tree_norm)(tree), want, rtol=1e-6)
+    assert float(tree_norm({})) == 0.0

@@ -102,4 +102,4 @@ def tree_norm(tree) -> jax.Array:
         # gather sharded leaves, so there each leaf reduces in place.
         flat = jnp.concatenate([x.reshape(-1) for x in leaves])
         return jnp.sqrt(jnp.vdot(flat, flat))
-    return jnp.sqrt(sum((jnp.sum(jnp.square(x)) for x in leaves), jnp.zeros((), jnp.float32)))
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in leaves))
