@@ -25,8 +25,10 @@ Rows
 Columns
   run              the group (subprocess) the row was measured in; rows of one group alternate
   compile s        ahead-of-time ``lower().compile()`` wall time (rljax: init + chunk programs,
-                   init compiling on a second thread while the chunk compiles);
-                   never included in steps/s
+                   init compiling on a second thread while the chunk compiles), best of
+                   ``--compile-repeats``: every repeat after the first clears JAX's caches and
+                   compiles all implementations again, in reverse order each time, so neither
+                   always pays for being first in the process; never included in steps/s
   steps/s          ``num_updates * batch_size * num_seeds / seconds`` of the compiled training call
                    only (state initialised, untimed, before every repeat; best of ``--repeats``,
                    the repeats of one seed count alternating between implementations so that
@@ -37,6 +39,9 @@ Columns
                    averaged over envs that completed one, then over seeds (the rljax
                    ``episode_return`` metric; the same quantity is read from PureJaxRL's
                    ``returned_episode_returns`` and the ceiling's env stats)
+
+Under the table, per seed count: rljax (1 device) over PureJaxRL, the ratio of the best runs and
+the median ratio over the alternating pairs of runs, and the same two for compile time.
 
 The number of emulated CPU devices must be fixed before JAX starts, so each group runs in its own
 subprocess of this script: ``single`` (1 device: rljax 1-device mesh, ceiling, PureJaxRL) and
@@ -108,6 +113,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "rljax and PureJaxRL rows beside it (1,024 seeds: those would take most of an hour)",
     )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per row (best is reported)")
+    p.add_argument(
+        "--compile-repeats",
+        type=int,
+        default=3,
+        help="compiles per row, caches cleared between them (best is reported)",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     p.add_argument(
         "--groups",
@@ -128,8 +139,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--_worker", choices=sorted(GROUP_DEVICES), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.repeats < 1 or any(s < 1 for s in args.seeds):
-        p.error("--repeats and every --seeds value must be >= 1")
+    if min(args.repeats, args.compile_repeats, *args.seeds) < 1:
+        p.error("--repeats, --compile-repeats and every --seeds value must be >= 1")
     return args
 
 
@@ -161,6 +172,7 @@ def worker(
     num_envs: int = 4,
     implementations: tuple[str, ...] = ("rljax", "ceiling", "purejaxrl"),
     alone: bool = False,
+    compile_repeats: int = 1,
 ) -> dict:
     import jax
 
@@ -179,7 +191,9 @@ def worker(
     steps_per_seed = cfg.num_updates * cfg.batch_size
     key = jax.random.key(0)
 
-    def row(impl, mesh, seeds, compile_detail, times, final_return, solved=None):
+    def row(impl, mesh, seeds, compiles, times, final_return, solved=None):
+        """``compiles``: one ``{program: seconds}`` per compile repeat (the best is the row's)."""
+        compile_detail = min(compiles, key=lambda d: sum(d.values()))
         best, compile_s = min(times), sum(compile_detail.values())
         steps = steps_per_seed * seeds
         r = {
@@ -188,6 +202,7 @@ def worker(
             "seeds": seeds,
             "compile_s": compile_s,
             "compile_detail_s": compile_detail,
+            "compile_s_all": [sum(d.values()) for d in compiles],
             "run_s": best,
             "run_s_all": times,
             "env_steps": steps,
@@ -300,21 +315,30 @@ def worker(
     rows: list[dict[str, Any]] = []
     for seeds in seed_counts:
         if group == "single":
-            candidates = [make(seeds) for name, make in makers.items() if name in implementations]
+            build = [
+                functools.partial(make, seeds) for n, make in makers.items() if n in implementations
+            ]
         else:
             mesh_spec, seed_axis = GROUP_MESHES[group]
             if seed_axis and seeds % GROUP_DEVICES[group]:
                 log(f"[{group}] {seeds} seed(s) do not split over {mesh_spec}: skipped")
                 continue
-            candidates = [rljax_candidate(mesh_spec, seeds, seed_axis)]
+            build = [functools.partial(rljax_candidate, mesh_spec, seeds, seed_axis)]
             if group != "mesh" and not alone:  # beside it in this run: the 1-device rows
                 wanted = [n for n in ("rljax", "purejaxrl", "purejaxrl-O2") if n in implementations]
-                candidates += [makers[name](seeds) for name in wanted]
+                build += [functools.partial(makers[name], seeds) for name in wanted]
+        candidates = [make() for make in build]
+        compiles = [[c.compile_s] for c in candidates]
+        for repeat in range(1, compile_repeats):
+            jax.clear_caches()
+            order = range(len(build)) if repeat % 2 == 0 else reversed(range(len(build)))
+            for i in order:
+                compiles[i].append(build[i]().compile_s)
         times, outs = alternate([(c.run, c.fresh_input) for c in candidates], repeats)
-        for c, t, out in zip(candidates, times, outs, strict=True):
+        for c, compiled, t, out in zip(candidates, compiles, times, outs, strict=True):
             final, ok = c.final_return(out), c.solved(out) if c.solved else None
             rows.append(
-                {**row(c.implementation, c.mesh, seeds, c.compile_s, t, final, ok), "group": group}
+                {**row(c.implementation, c.mesh, seeds, compiled, t, final, ok), "group": group}
             )
 
     return {"group": group, "rows": rows, **jax_info(jax, cfg)}
@@ -349,6 +373,8 @@ def run_group(group: str, args: argparse.Namespace) -> dict:
         str(args.repeats),
         "--num-envs",
         str(args.num_envs),
+        "--compile-repeats",
+        str(args.compile_repeats),
         "--implementations",
         *args.implementations,
         "--seeds",
@@ -417,6 +443,43 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def speedups(rows: list[dict]) -> str:
+    """Per (group, seeds): rljax on one device over PureJaxRL, steps/s and compile time, as the
+    ratio of the best runs and the median ratio of alternating pairs (robust to a slow moment on
+    a shared machine)."""
+    import statistics
+
+    def one(implementation, mesh=None):
+        return {
+            (r.get("group"), r["seeds"]): r
+            for r in rows
+            if r["implementation"] == implementation and mesh in (None, r["mesh"])
+        }
+
+    mine, port = one("rljax", SINGLE_MESH), one("purejaxrl")
+    lines = []
+    for key in sorted(set(mine) & set(port), key=lambda k: (k[1], str(k[0]))):
+        a, b = mine[key], port[key]
+        speed = [
+            tb / b["env_steps"] / (ta / a["env_steps"])
+            for ta, tb in zip(a["run_s_all"], b["run_s_all"], strict=True)
+        ]
+        line = (
+            f"- {key[0]}, {key[1]} seed(s): rljax / purejaxrl steps/s "
+            f"{a['steps_per_s'] / b['steps_per_s']:.2f}x (best runs), "
+            f"{statistics.median(speed):.2f}x (median of {len(speed)} alternating pairs)"
+        )
+        if "compile_s_all" in a and "compile_s_all" in b:
+            pairs = [x / y for x, y in zip(a["compile_s_all"], b["compile_s_all"], strict=True)]
+            line += (
+                f"; compile time {a['compile_s']:.2f} s vs {b['compile_s']:.2f} s "
+                f"({a['compile_s'] / b['compile_s']:.2f}x best, {statistics.median(pairs):.2f}x "
+                f"median of {len(pairs)})"
+            )
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def sort_key(r: dict) -> tuple:
     order = ROW_ORDER[r["implementation"]] + (r["mesh"] != SINGLE_MESH)
     return r["seeds"], order, r["mesh"]
@@ -433,6 +496,7 @@ def main(argv: list[str] | None = None) -> None:
             args.num_envs,
             tuple(args.implementations),
             args.alone,
+            args.compile_repeats,
         )
         print(RESULT_MARKER + json.dumps(result), flush=True)
         return
@@ -442,12 +506,14 @@ def main(argv: list[str] | None = None) -> None:
     rows = sorted((r for g in groups.values() for r in g["rows"]), key=sort_key)
     first = next(iter(groups.values()))
     table = markdown_table(rows)
+    ratios = speedups(rows)
     print(
         f"\nPPO {first['config']['env']}: {first['num_updates']} updates x "
         f"{first['batch_size']} env steps per seed; jax {first['jax_version']} "
         f"({first['backend']}), {os.cpu_count()} CPUs; best of {args.repeats}\n"
     )
     print(table)
+    print(f"\n{ratios}")
 
     report = {
         "benchmark": "bench_ppo",
@@ -463,7 +529,9 @@ def main(argv: list[str] | None = None) -> None:
         "platform": platform.platform(),
         "groups": {g: {k: v for k, v in res.items() if k != "rows"} for g, res in groups.items()},
         "rows": rows,
+        "compile_repeats": args.compile_repeats,
         "table_markdown": table,
+        "speedups": ratios,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
@@ -476,7 +544,7 @@ def main(argv: list[str] | None = None) -> None:
         f"({first['backend']}), {started}. PPO {first['config']['env']}, "
         f"{first['config']['num_envs']} envs x {first['config']['num_steps']} steps, "
         f"{first['num_updates']} updates per seed; best of {args.repeats} alternating repeats, "
-        f"compile time apart.\n\n{table}\n"
+        f"compile time apart (best of {args.compile_repeats} compiles).\n\n{table}\n\n{ratios}\n"
     )
     print(f"\nwrote {args.out} and {md}")
 

@@ -204,12 +204,28 @@ def floating_leaves(state) -> list[tuple[str, Any]]:
     return out
 
 
+# Up to this many values on one device, nonfinite_counts concatenates the leaves (below).
+CONCATENATED_COUNT_MAX = 2**20
+
+
 def nonfinite_counts(state) -> jax.Array:
     """NaN/inf values per ``floating_leaves(state)`` leaf, ``int32 [L]`` (traceable: the chunk
     program computes it on its final state, so the guard needs no extra call)."""
     leaves = [x for _, x in floating_leaves(state)]
     if not leaves:
         return jnp.zeros((0,), jnp.int32)
+    sizes = [x.size for x in leaves]
+    mesh = jax.sharding.get_abstract_mesh()
+    one_device = not mesh.empty and mesh.size == 1
+    if len(leaves) > 1 and one_device and sum(sizes) <= CONCATENATED_COUNT_MAX:
+        # One device, a small state: one prefix sum over all leaves' flags, read at the leaves'
+        # ends, compiles to a handful of kernels instead of two per leaf (PPO's CartPole state
+        # has 40 floating leaves: about a third of its chunk's kernels, and of its compile time).
+        # On a real mesh the concatenation would gather sharded leaves.
+        bad = jnp.concatenate([~jnp.isfinite(x).reshape(-1) for x in leaves])
+        total = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(bad, dtype=jnp.int32)])
+        ends = np.cumsum(sizes)
+        return total[ends] - total[ends - np.asarray(sizes)]
     return jnp.stack([jnp.count_nonzero(~jnp.isfinite(x)).astype(jnp.int32) for x in leaves])
 
 

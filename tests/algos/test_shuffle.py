@@ -9,7 +9,7 @@ import pytest
 from rljax.algos import shuffle
 
 
-@pytest.mark.parametrize("n", [1, 2, 7, 512, 513, 5000])  # 513 and 5000: jax.random.permutation
+@pytest.mark.parametrize("n", [1, 2, 7, 512, 513, 5000, 32768])  # 513 to 32768: two sort rounds
 def test_it_is_a_permutation(n):
     orders = jax.vmap(shuffle.permutation, in_axes=(0, None))(
         jax.random.split(jax.random.key(n), 3), n
@@ -21,10 +21,24 @@ def test_it_is_a_permutation(n):
         assert len({tuple(o) for o in np.asarray(orders)}) == 3
 
 
-def test_all_orders_are_equally_likely():
+def test_rounds_grow_with_n_until_jax_random_permutation_takes_over():
+    assert [shuffle.rounds_for(n) for n in (2, 512, 513, 32768, 2**20, 2**20 + 1)] == [
+        1, 1, 2, 2, 4, None,
+    ]  # fmt: skip
+    assert shuffle.rounds_for(4, key_bits=4) == 4 and shuffle.rounds_for(4, key_bits=3) is None
+    keys = jax.random.split(jax.random.key(2), 2)
+    fallback = jax.vmap(lambda k: shuffle.permutation(k, 4, key_bits=3))(keys)
+    np.testing.assert_array_equal(fallback, jax.vmap(lambda k: jax.random.permutation(k, 4))(keys))
+
+
+# key_bits 4: two random bits per key for four rows, so ties are common and four rounds resolve
+# them; key_bits 5: three rounds.
+@pytest.mark.parametrize("key_bits", [32, 5, 4])
+def test_all_orders_are_equally_likely(key_bits):
     draws = 24_000
     keys = jax.random.split(jax.random.key(0), draws)
-    orders = np.asarray(jax.jit(jax.vmap(lambda k: shuffle.permutation(k, 4)))(keys))
+    permutation = jax.vmap(lambda k: shuffle.permutation(k, 4, key_bits=key_bits))
+    orders = np.asarray(jax.jit(permutation)(keys))
     index = {p: i for i, p in enumerate(itertools.permutations(range(4)))}
     counts = np.bincount([index[tuple(o)] for o in orders], minlength=24)
     expected = draws / 24
@@ -32,8 +46,9 @@ def test_all_orders_are_equally_likely():
     assert chi2 < 49.7, (chi2, counts)  # the 99.9 % quantile of chi-square with 23 dof
 
 
-def test_each_position_is_uniform_at_the_fast_paths_largest_size():
-    n, draws = 512, 4000
+@pytest.mark.parametrize("n", [512, 4096])  # one round's largest n; two rounds
+def test_each_position_is_uniform(n):
+    draws = 4000
     orders = np.asarray(
         jax.jit(jax.vmap(lambda k: shuffle.permutation(k, n)))(
             jax.random.split(jax.random.key(1), draws)
@@ -41,6 +56,15 @@ def test_each_position_is_uniform_at_the_fast_paths_largest_size():
     )
     # Where row 0 lands, and which row lands first: both uniform over 512 places.
     for sample in ((orders == 0).argmax(axis=1), orders[:, 0]):
-        counts = np.bincount(sample // 64, minlength=8)  # 8 bins of 64 places
+        counts = np.bincount(sample // (n // 8), minlength=8)  # 8 bins
         chi2 = float(((counts - draws / 8) ** 2 / (draws / 8)).sum())
         assert chi2 < 24.3, counts  # the 99.9 % quantile with 7 dof
+
+
+def test_a_tie_in_the_first_round_is_a_fair_coin_across_rounds():
+    # Narrow keys for 64 rows (4 random bits a round): half the rows tie with a neighbour in the
+    # first round. Row 0 must still come before row 1 in half of the draws.
+    keys = jax.random.split(jax.random.key(3), 20_000)
+    orders = np.asarray(jax.jit(jax.vmap(lambda k: shuffle.permutation(k, 64, key_bits=10)))(keys))
+    first = ((orders == 0).argmax(axis=1) < (orders == 1).argmax(axis=1)).mean()
+    assert abs(first - 0.5) < 0.015, first  # 4.2 standard errors

@@ -10,6 +10,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from rljax.parallel import make_mesh
 from rljax.run.integrity import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -20,6 +21,7 @@ from rljax.run.integrity import (
     layout_mismatch,
     layout_record,
     newest_valid_step,
+    nonfinite_counts,
     nonfinite_leaves,
     read_manifest,
     step_files,
@@ -143,6 +145,26 @@ def test_nonfinite_leaves_of_every_kind_of_array(mesh4):
         "['single'] (1 of 2 values)",
     ]
     assert nonfinite_leaves({"a": jnp.ones(3)}) == []
+
+
+def test_nonfinite_counts_on_one_device_match_numpy():
+    # On a 1-device mesh the counts come from one prefix sum over the concatenated leaves; the
+    # leaves' order, an empty leaf, bfloat16 and integer/key leaves (not counted) all matter.
+    nan, inf = np.nan, np.inf
+    state = {
+        "a": jnp.array([[1.0, nan], [inf, 2.0]]),
+        "b": jnp.zeros((0, 3)),
+        "c": jnp.array([nan, -inf, nan], jnp.bfloat16),
+        "d": jnp.arange(3),
+        "e": jnp.ones((5,)),
+        "f": jax.random.key(0),
+        "g": jnp.array(nan),
+    }
+    expected = [2, 0, 3, 0, 1]
+    with jax.set_mesh(make_mesh("data=1,model=1")):
+        counted = jax.jit(nonfinite_counts)(state)
+    np.testing.assert_array_equal(counted, expected)
+    np.testing.assert_array_equal(jax.jit(nonfinite_counts)(state), expected)  # per leaf
 
 
 def test_single_process_agreement():
