@@ -3,6 +3,7 @@ machine's matmul peak, measured in the same run.
 
     python experiments/profile_ppo.py                    # reference config, 1 and 64 seeds
     python experiments/profile_ppo.py --seeds 1 --trace /tmp/rljax-trace   # + a jax.profiler trace
+    python experiments/profile_ppo.py --seeds 1 --num-envs 256             # a large batch
 
 ``PPOConfig()`` (CartPole-v1, 4 envs x 128 steps, 4 epochs x 4 minibatches, 2x64 tanh MLPs) on
 one CPU device, ``S`` seeds vmapped as ``ShardedRun`` does. One update is cut into the phases
@@ -12,6 +13,8 @@ one CPU device, ``S`` seeds vmapped as ``ShardedRun`` does. One update is cut in
             bootstrap values of the last and truncated observations
   GAE       advantages and returns over ``[T, B]``
   SGD       ``update_epochs`` x shuffled minibatches: forward, backward, Adam
+  shuffle   of which the minibatch shuffles: ``update_epochs`` permutations of the batch's rows
+            and the gathers that apply them (timed alone; not added to the phases' sum)
   update    the whole ``PPO.update`` in one program (what a chunk runs per update)
 
 Columns: milliseconds per update (best of ``--repeats``, each the mean of ``--calls`` calls, the
@@ -84,6 +87,7 @@ def phases(algo):
     import jax
     import jax.numpy as jnp
 
+    from rljax.algos import shuffle
     from rljax.algos.actor_critic import env_major
     from rljax.algos.ppo import PPOBatch, gae
 
@@ -100,10 +104,25 @@ def phases(algo):
         return gae(tr.reward, ro.value, next_values, tr.terminated, tr.truncated, hp.gamma,
                    hp.gae_lambda)  # fmt: skip
 
-    def sgd(state, ro, adv, returns, epoch_key):
+    def training_batch(ro, adv, returns):
         tr = ro.transition
         samples = PPOBatch(tr.obs, ro.action, ro.log_prob, ro.value, adv, returns)
-        batch = algo.learner.split(env_major(samples))
+        return algo.learner.split(env_major(samples))
+
+    def shuffles(state, ro, adv, returns, epoch_key):
+        batch = training_batch(ro, adv, returns)
+        rows = jax.tree.leaves(batch)[0].shape[1]
+
+        def epoch(key):  # what PPO.epoch does before its SGD steps
+            keys = jax.random.split(key, algo.replicas)
+            perms = jax.vmap(shuffle.permutation, in_axes=(0, None))(keys, rows)
+            take = jax.vmap(lambda x, p: jnp.take(x, p, axis=0))
+            return jax.tree.map(lambda x: take(x, perms), batch)
+
+        return jax.lax.map(epoch, jax.random.split(epoch_key, c.update_epochs))
+
+    def sgd(state, ro, adv, returns, epoch_key):
+        batch = training_batch(ro, adv, returns)
         carry, metrics = jax.lax.scan(
             lambda carry, k: algo.epoch(carry, k, batch, state.hparams),
             (state.params, state.opt_state, state.sync),
@@ -111,26 +130,27 @@ def phases(algo):
         )
         return carry, jnp.mean(metrics["loss"])
 
-    return rollout, advantages, sgd
+    return rollout, advantages, sgd, shuffles
 
 
-def profile(seeds: int, repeats: int, calls: int, trace: str | None) -> dict:
+def profile(seeds: int, repeats: int, calls: int, trace: str | None, num_envs: int = 4) -> dict:
     import jax
 
     from rljax import PPO, PPOConfig
     from rljax.parallel import Layout, make_mesh
     from rljax.run.sharded import ShardedRun
 
-    config = PPOConfig()
+    config = PPOConfig(num_envs=num_envs)
     algo = PPO(config)
     layout = Layout(make_mesh("data=1,model=1"))
     run = ShardedRun(algo, layout, num_seeds=seeds, chunk_size=1)
-    rollout, advantages, sgd = phases(algo)
+    rollout, advantages, sgd, shuffles = phases(algo)
     batched = (lambda f: jax.vmap(f)) if seeds > 1 else (lambda f: f)
     fns = {
         "rollout": jax.jit(batched(rollout)),
         "GAE": jax.jit(batched(advantages)),
         "SGD": jax.jit(batched(sgd)),
+        "shuffle": jax.jit(batched(shuffles)),
         "update": jax.jit(batched(algo.update)),
     }
     with layout.active():
@@ -141,6 +161,7 @@ def profile(seeds: int, repeats: int, calls: int, trace: str | None) -> dict:
             "rollout": (state,),
             "GAE": (state, ro, next_values),
             "SGD": (state, ro, adv, returns, epoch_key),
+            "shuffle": (state, ro, adv, returns, epoch_key),
             "update": (state,),
         }
         compiled, xla_flops = {}, {}
@@ -170,11 +191,13 @@ def profile(seeds: int, repeats: int, calls: int, trace: str | None) -> dict:
         "rollout": seeds * (steps + 2 * config.num_envs) * per_sample,
         "GAE": 0,
         "SGD": seeds * sgd_samples * 3 * per_sample,
+        "shuffle": 0,
     }
-    model_flops["update"] = sum(model_flops.values())
+    model_flops["update"] = sum(model_flops[k] for k in PHASES)
     return {
         "seeds": seeds,
         "env_steps_per_update": steps * seeds,
+        "num_envs": num_envs,
         "ms": {k: 1e3 * min(v) for k, v in times.items()},
         "ms_all": {k: [round(1e3 * t, 3) for t in v] for k, v in times.items()},
         "model_flops": model_flops,
@@ -199,6 +222,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 64])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--num-envs", type=int, default=4, help="environments per seed")
     p.add_argument("--trace", default=None, help="write a jax.profiler trace here (1st setting)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "experiments/results/profile_ppo.json")
     args = p.parse_args(argv)
@@ -211,7 +235,8 @@ def main(argv=None) -> int:
     log("matmul peak GFLOP/s: " + ", ".join(f"n={n}: {g:.0f}" for n, g in peaks.items()))
     results = []
     for i, seeds in enumerate(args.seeds):
-        results.append(profile(seeds, args.repeats, args.calls, args.trace if i == 0 else None))
+        trace = args.trace if i == 0 else None
+        results.append(profile(seeds, args.repeats, args.calls, trace, args.num_envs))
         log(f"{seeds} seed(s): " + json.dumps(results[-1]["ms"]))
     host = host_figures()
 
@@ -219,10 +244,11 @@ def main(argv=None) -> int:
     for r in results:
         total = sum(r["ms"][k] for k in PHASES)
         rows = []
-        for name in (*PHASES, "update"):
+        labels = {"shuffle": "of which minibatch shuffles", "update": "whole update (one program)"}
+        for name in (*PHASES, "shuffle", "update"):
             ms, flops = r["ms"][name], r["model_flops"][name]
             rows.append({
-                "phase": name if name != "update" else "whole update (one program)",
+                "phase": labels.get(name, name),
                 "ms": ms,
                 "share": f"{100 * ms / total:.0f} %" if name != "update" else "",
                 "mflop": flops / 1e6,
@@ -248,7 +274,8 @@ def main(argv=None) -> int:
         "# Where PPO's time goes",
         "",
         f"`python experiments/profile_ppo.py {' '.join(argv or sys.argv[1:])}` on "
-        f"{machine_line()}. PPO reference config on one CPU device; each phase jitted alone,"
+        f"{machine_line()}. PPO reference config ({results[0]['num_envs']} envs) on one CPU"
+        " device; each phase jitted alone,"
         f" best of {args.repeats} alternating repeats of {args.calls} calls. Model FLOPs: 2 x"
         " inputs x outputs per dense layer per sample, backward 2 x forward. Matmul peak in this"
         " run (float32 `jnp.dot`, n x n): "
