@@ -54,17 +54,41 @@ def test_each_position_is_uniform(n):
             jax.random.split(jax.random.key(1), draws)
         )
     )
-    # Where row 0 lands, and which row lands first: both uniform over 512 places.
+    # Where row 0 lands, and which row lands first: both uniform over the n places.
     for sample in ((orders == 0).argmax(axis=1), orders[:, 0]):
         counts = np.bincount(sample // (n // 8), minlength=8)  # 8 bins
         chi2 = float(((counts - draws / 8) ** 2 / (draws / 8)).sum())
         assert chi2 < 24.3, counts  # the 99.9 % quantile with 7 dof
 
 
-def test_a_tie_in_the_first_round_is_a_fair_coin_across_rounds():
-    # Narrow keys for 64 rows (4 random bits a round): half the rows tie with a neighbour in the
-    # first round. Row 0 must still come before row 1 in half of the draws.
+def row_0_first(orders):
+    return ((orders == 0).argmax(axis=1) < (orders == 1).argmax(axis=1)).mean()
+
+
+def test_ties_in_later_rounds_keep_a_random_order():
+    # Narrow keys for 64 rows (4 random bits a round, 4 rounds): in every round nearly every row
+    # ties with another. Row 0 must still come before row 1 in half of the draws.
     keys = jax.random.split(jax.random.key(3), 20_000)
     orders = np.asarray(jax.jit(jax.vmap(lambda k: shuffle.permutation(k, 64, key_bits=10)))(keys))
-    first = ((orders == 0).argmax(axis=1) < (orders == 1).argmax(axis=1)).mean()
-    assert abs(first - 0.5) < 0.015, first  # 4.2 standard errors
+    assert abs(row_0_first(orders) - 0.5) < 0.015  # 4.2 standard errors
+
+
+def test_one_round_of_narrow_keys_ties_and_its_coin_is_fair(monkeypatch):
+    monkeypatch.setattr(shuffle, "rounds_for", lambda n, key_bits=32: 1)
+    keys = jax.random.split(jax.random.key(4), 20_000)
+    # 64 rows, 4 random bits: rows 0 and 1 tie in 1/16 of the draws, where the first round's
+    # coin (index ^ c) decides; by index it would be 0.53.
+    orders = np.asarray(jax.jit(jax.vmap(lambda k: shuffle.permutation(k, 64, key_bits=10)))(keys))
+    assert abs(row_0_first(orders) - 0.5) < 0.015
+    # 4 rows, 2 random bits: so many ties that one round cannot be uniform, which shows the keys
+    # are narrowed (with 30 random bits one round would pass the test above).
+    orders = np.asarray(jax.jit(jax.vmap(lambda k: shuffle.permutation(k, 4, key_bits=4)))(keys))
+    index = {p: i for i, p in enumerate(itertools.permutations(range(4)))}
+    counts = np.bincount([index[tuple(o)] for o in orders], minlength=24)
+    expected = len(keys) / 24
+    assert float(((counts - expected) ** 2 / expected).sum()) > 100.0, counts
+
+
+def test_key_bits_outside_1_to_32_are_refused():
+    with pytest.raises(ValueError, match="key_bits"):
+        shuffle.permutation(jax.random.key(0), 4, key_bits=33)

@@ -163,8 +163,10 @@ def test_nonfinite_counts_on_one_device_match_numpy():
     expected = [2, 0, 3, 0, 1]
     with jax.set_mesh(make_mesh("data=1,model=1")):
         counted = jax.jit(nonfinite_counts)(state)
+        assert "cumsum" in str(jax.make_jaxpr(nonfinite_counts)(state))  # the one-device path
     np.testing.assert_array_equal(counted, expected)
     np.testing.assert_array_equal(jax.jit(nonfinite_counts)(state), expected)  # per leaf
+    assert "cumsum" not in str(jax.make_jaxpr(nonfinite_counts)(state))
 
 
 def test_single_process_agreement():
