@@ -42,6 +42,7 @@ from experiments.bench_harness import (  # noqa: E402
     alternate,
     log,
     markdown_table,
+    pair_ratios,
     run_worker,
     write_report,
 )
@@ -237,13 +238,10 @@ def speedups(rows: list[dict]) -> str:
         if not (mine and port):
             continue
         a, b = mine[0], port[0]
-        pair_ratios = [
-            tb / b["env_steps"] / (ta / a["env_steps"])
-            for ta, tb in zip(a["run_s_all"], b["run_s_all"], strict=True)
-        ]
+        pairs = pair_ratios(a, b)
         lines.append(
             f"- seed {seed}: rljax / purejaxrl steps/s {a['steps_per_s'] / b['steps_per_s']:.2f}x "
-            f"(best runs), {statistics.median(pair_ratios):.2f}x (median of {len(pair_ratios)} "
+            f"(best runs), {statistics.median(pairs):.2f}x (median of {len(pairs)} "
             "alternating pairs)"
         )
     return "\n".join(lines)

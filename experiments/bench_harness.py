@@ -51,6 +51,15 @@ def alternate(calls, repeats: int):
     return times, outs
 
 
+def pair_ratios(mine: dict, theirs: dict) -> list[float]:
+    """Per alternating pair of repeats (``run_s_all``), ``mine``'s steps/s over ``theirs``': the
+    ratios whose median is robust to a slow moment on a shared machine."""
+    return [
+        tb / theirs["env_steps"] / (ta / mine["env_steps"])
+        for ta, tb in zip(mine["run_s_all"], theirs["run_s_all"], strict=True)
+    ]
+
+
 def run_worker(script: Path, group: str, argv: list[str], marker: str, timeout=None) -> dict:
     """Run ``script --_worker group *argv`` and return the JSON it printed after ``marker``."""
     cmd = [sys.executable, str(script), "--_worker", group, *argv]

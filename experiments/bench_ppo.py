@@ -71,7 +71,7 @@ from typing import Any, NamedTuple
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from experiments.bench_harness import alternate  # noqa: E402
+from experiments.bench_harness import alternate, pair_ratios  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "experiments" / "results" / "bench_ppo.json"
 SINGLE_MESH = "data=1,model=1"
@@ -460,10 +460,7 @@ def speedups(rows: list[dict]) -> str:
     lines = []
     for key in sorted(set(mine) & set(port), key=lambda k: (k[1], str(k[0]))):
         a, b = mine[key], port[key]
-        speed = [
-            tb / b["env_steps"] / (ta / a["env_steps"])
-            for ta, tb in zip(a["run_s_all"], b["run_s_all"], strict=True)
-        ]
+        speed = pair_ratios(a, b)
         line = (
             f"- {key[0]}, {key[1]} seed(s): rljax / purejaxrl steps/s "
             f"{a['steps_per_s'] / b['steps_per_s']:.2f}x (best runs), "

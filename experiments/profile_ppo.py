@@ -87,7 +87,6 @@ def phases(algo):
     import jax
     import jax.numpy as jnp
 
-    from rljax.algos import shuffle
     from rljax.algos.actor_critic import env_major
     from rljax.algos.ppo import PPOBatch, gae
 
@@ -111,15 +110,8 @@ def phases(algo):
 
     def shuffles(state, ro, adv, returns, epoch_key):
         batch = training_batch(ro, adv, returns)
-        rows = jax.tree.leaves(batch)[0].shape[1]
-
-        def epoch(key):  # what PPO.epoch does before its SGD steps
-            keys = jax.random.split(key, algo.replicas)
-            perms = jax.vmap(shuffle.permutation, in_axes=(0, None))(keys, rows)
-            take = jax.vmap(lambda x, p: jnp.take(x, p, axis=0))
-            return jax.tree.map(lambda x: take(x, perms), batch)
-
-        return jax.lax.map(epoch, jax.random.split(epoch_key, c.update_epochs))
+        keys = jax.random.split(epoch_key, c.update_epochs)
+        return jax.lax.map(lambda key: algo.minibatches(key, batch), keys)
 
     def sgd(state, ro, adv, returns, epoch_key):
         batch = training_batch(ro, adv, returns)

@@ -185,9 +185,10 @@ class PPO(ActorCriticAlgorithm):
         metrics = {**aux, "loss": loss, **sync_metrics}
         return (params, opt_state, sync), metrics
 
-    def epoch(self, carry, key, batch: PPOBatch, hparams):
-        """``batch`` leaves ``[R@replica, N/R, ...]``: each replica shuffles its own rows (samples;
-        recurrent: whole sequences)."""
+    def minibatches(self, key, batch: PPOBatch) -> PPOBatch:
+        """One epoch's shuffled minibatches: ``batch`` leaves ``[R@replica, N/R, ...]`` ->
+        ``[M, R@replica, N/(R M), ...]``. Each replica shuffles its own rows (samples; recurrent:
+        whole sequences); minibatch ``m`` takes a slice of every replica."""
         c, replicas = self.config, self.replicas
         rows = jax.tree.leaves(batch)[0].shape[1]
         permutations = jax.vmap(shuffle.permutation, in_axes=(0, None))(
@@ -195,13 +196,16 @@ class PPO(ActorCriticAlgorithm):
         )
 
         def to_minibatches(x):
-            # [R, N/R, ...] -> [M, R, N/(R M), ...]: minibatch m takes a slice of every replica.
             x = jax.vmap(lambda rows, p: jnp.take(rows, p, axis=0))(x, permutations)
             x = x.reshape(replicas, c.num_minibatches, -1, *x.shape[2:]).swapaxes(0, 1)
             return constrain(x, None, "replica")
 
+        return jax.tree.map(to_minibatches, batch)
+
+    def epoch(self, carry, key, batch: PPOBatch, hparams):
+        """``update_epochs``' one pass: SGD over ``minibatches(key, batch)``."""
         step = functools.partial(self.sgd_step, hparams=hparams)
-        return jax.lax.scan(step, carry, jax.tree.map(to_minibatches, batch))
+        return jax.lax.scan(step, carry, self.minibatches(key, batch))
 
     def collect(self, state: PPOState, key: jax.Array):
         """The rollout as the loss sees it -> ``(env, rollout, next_values [T, B@batch],

@@ -12,9 +12,14 @@ MAX_EXPECTED_TIES = 1 / 32
 MAX_ROUNDS = 4  # beyond (n > 2**20 with 32-bit keys) it is jax.random.permutation
 
 
+def label_bits(n: int) -> int:
+    """The low bits of a sort key that carry a row label: ``bit_length(n - 1)``, at least 1."""
+    return max(1, (n - 1).bit_length())
+
+
 def rounds_for(n: int, key_bits: int = 32) -> int | None:
     """Sorts ``permutation`` makes for ``n`` rows, or None when it is ``jax.random.permutation``."""
-    random_bits = key_bits - max(1, (n - 1).bit_length())
+    random_bits = key_bits - label_bits(n)
     if random_bits < 1:
         return None
     pairs = n * (n - 1) / 2
@@ -47,7 +52,7 @@ def permutation(key: jax.Array, n: int, key_bits: int = 32) -> jax.Array:
     rounds = rounds_for(n, key_bits)
     if rounds is None:
         return jax.random.permutation(key, n).astype(jnp.int32)
-    bits = max(1, (n - 1).bit_length())
+    bits = label_bits(n)
     low, keep = jnp.uint32(2**bits - 1), jnp.uint32(2**key_bits - 1)
     keys = jax.random.split(key, rounds + 1)
     flip = jax.random.bits(keys[1], (), jnp.uint32) & low

@@ -90,6 +90,14 @@ def make_mesh(spec: str = DEFAULT_MESH, devices=None) -> Mesh:
     )
 
 
+def traced_on_one_device() -> bool:
+    """Whether the function being traced runs under an active mesh of one device (``jax.set_mesh``):
+    only then can it concatenate arrays of any sharding without moving data between devices.
+    Without an active mesh the inputs' placement is unknown at trace time."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and mesh.size == 1
+
+
 def shape_record(mesh: Mesh) -> dict[str, int]:
     """``{axis: size}`` for records (checkpoint layouts): ``stage`` only when it splits, so a
     record reads as it did before that axis existed."""

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rljax.parallel.mesh import shape_record
+from rljax.parallel.mesh import shape_record, traced_on_one_device
 
 MANIFEST_NAME = "rljax_manifest.json"
 FORMAT_VERSION = 1
@@ -215,9 +215,7 @@ def nonfinite_counts(state) -> jax.Array:
     if not leaves:
         return jnp.zeros((0,), jnp.int32)
     sizes = [x.size for x in leaves]
-    mesh = jax.sharding.get_abstract_mesh()
-    one_device = not mesh.empty and mesh.size == 1
-    if len(leaves) > 1 and one_device and sum(sizes) <= CONCATENATED_COUNT_MAX:
+    if len(leaves) > 1 and traced_on_one_device() and sum(sizes) <= CONCATENATED_COUNT_MAX:
         # One device, a small state: one prefix sum over all leaves' flags, read at the leaves'
         # ends, compiles to a handful of kernels instead of two per leaf (PPO's CartPole state
         # has 40 floating leaves: about a third of its chunk's kernels, and of its compile time).
