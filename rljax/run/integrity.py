@@ -219,8 +219,11 @@ def nonfinite_counts(state) -> jax.Array:
         # One device, a small state: one prefix sum over all leaves' flags, read at the leaves'
         # ends, compiles to a handful of kernels instead of two per leaf (PPO's CartPole state
         # has 40 floating leaves: about a third of its chunk's kernels, and of its compile time).
-        # On a real mesh the concatenation would gather sharded leaves.
-        bad = jnp.concatenate([~jnp.isfinite(x).reshape(-1) for x in leaves])
+        # The values are concatenated before the test, in a dtype every leaf's values convert to
+        # exactly (NaN and inf stay NaN and inf), so that the test is one kernel, not one per
+        # leaf. On a real mesh the concatenation would gather sharded leaves.
+        common = jnp.result_type(*(x.dtype for x in leaves))
+        bad = ~jnp.isfinite(jnp.concatenate([x.reshape(-1).astype(common) for x in leaves]))
         total = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(bad, dtype=jnp.int32)])
         ends = np.cumsum(sizes)
         return total[ends] - total[ends - np.asarray(sizes)]

@@ -150,6 +150,8 @@ def test_nonfinite_leaves_of_every_kind_of_array(mesh4):
 def test_nonfinite_counts_on_one_device_match_numpy():
     # On a 1-device mesh the counts come from one prefix sum over the concatenated leaves; the
     # leaves' order, an empty leaf, bfloat16 and integer/key leaves (not counted) all matter.
+    # The values are concatenated in a common dtype before one finiteness test: the largest
+    # finite float16 and bfloat16 values must stay finite there.
     nan, inf = np.nan, np.inf
     state = {
         "a": jnp.array([[1.0, nan], [inf, 2.0]]),
@@ -159,11 +161,14 @@ def test_nonfinite_counts_on_one_device_match_numpy():
         "e": jnp.ones((5,)),
         "f": jax.random.key(0),
         "g": jnp.array(nan),
+        "h": jnp.array([jnp.finfo(jnp.float16).max, inf], jnp.float16),
+        "i": jnp.array([jnp.finfo(jnp.bfloat16).max, 1.0], jnp.bfloat16),
     }
-    expected = [2, 0, 3, 0, 1]
+    expected = [2, 0, 3, 0, 1, 1, 0]
     with jax.set_mesh(make_mesh("data=1,model=1")):
         counted = jax.jit(nonfinite_counts)(state)
-        assert "cumsum" in str(jax.make_jaxpr(nonfinite_counts)(state))  # the one-device path
+        jaxpr = str(jax.make_jaxpr(nonfinite_counts)(state))
+        assert "cumsum" in jaxpr and jaxpr.count("is_finite") == 1  # the one-device path
     np.testing.assert_array_equal(counted, expected)
     np.testing.assert_array_equal(jax.jit(nonfinite_counts)(state), expected)  # per leaf
     assert "cumsum" not in str(jax.make_jaxpr(nonfinite_counts)(state))
