@@ -160,6 +160,28 @@ def final_returns(returns, fraction: float = FINAL_FRACTION):
     return returns[-last:].mean(0)
 
 
+def completed_mean(last_return, completed) -> float:
+    """Mean of each env's last episode return (last axis) over the envs that completed one, then
+    over seeds (leading axes); a seed none of whose envs completed counts 0."""
+    import numpy as np
+
+    last_return, completed = np.asarray(last_return), np.asarray(completed)
+    per_seed = np.sum(np.where(completed, last_return, 0.0), axis=-1) / np.maximum(
+        np.sum(completed, axis=-1), 1
+    )
+    return float(np.mean(per_seed))
+
+
+def port_final_return(metrics) -> float:
+    """The PureJaxRL PPO port's training return at its last step, as rljax's ``episode_return``
+    metric: ``returned_episode_returns`` leaves ``[(S,) updates, steps, envs]`` (0 until an env's
+    first episode ends) -> ``completed_mean`` at the last step of the last update."""
+    import numpy as np
+
+    last = np.asarray(metrics["returned_episode_returns"][..., -1, -1, :])
+    return completed_mean(last, last > 0)
+
+
 def mean_std(values) -> tuple[float, float]:
     """Mean and sample std (ddof=1; 0 for one value)."""
     import numpy as np

@@ -71,7 +71,12 @@ from typing import Any, NamedTuple
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from experiments.bench_harness import alternate, pair_ratios  # noqa: E402
+from experiments.bench_harness import (  # noqa: E402
+    alternate,
+    completed_mean,
+    pair_ratios,
+    port_final_return,
+)
 
 DEFAULT_OUT = REPO_ROOT / "experiments" / "results" / "bench_ppo.json"
 SINGLE_MESH = "data=1,model=1"
@@ -217,14 +222,6 @@ def worker(
         )
         return r
 
-    def masked_mean(last_return, completed):
-        """Mean of last returns over envs (last axis) that completed an episode, then seeds."""
-        last_return, completed = np.asarray(last_return), np.asarray(completed)
-        per_seed = np.sum(np.where(completed, last_return, 0.0), axis=-1) / np.maximum(
-            np.sum(completed, axis=-1), 1
-        )
-        return float(np.mean(per_seed))
-
     def rljax_candidate(mesh_spec, seeds, seed_axis=None):
         mesh = make_mesh(mesh_spec)
         layout = Layout(mesh, seeds_on(seed_axis))
@@ -277,7 +274,7 @@ def worker(
             {"rollout": compile_s},
             run=fn_c,
             fresh_input=lambda: init_c(key),
-            final_return=lambda out: masked_mean(
+            final_return=lambda out: completed_mean(
                 out[0].last_return, np.asarray(out[0].completed) > 0
             ),
         )
@@ -297,13 +294,9 @@ def worker(
         train_c = jax.jit(train).lower(keys).compile(options)
         compile_s = time.perf_counter() - t0
 
-        def final(out):
-            info = out["metrics"]  # leaves [(S,) num_updates, num_steps, num_envs]
-            last = np.asarray(info["returned_episode_returns"][..., -1, -1, :])
-            return masked_mean(last, last > 0)  # 0 until an env's first episode ends
-
         detail = {"train": compile_s}
         name = "purejaxrl" + ("-O2" if options else "")
+        final = lambda out: port_final_return(out["metrics"])  # noqa: E731
         return Candidate(name, SINGLE_MESH, detail, train_c, lambda: keys, final)
 
     makers = {

@@ -87,7 +87,6 @@ def phases(algo):
     import jax
     import jax.numpy as jnp
 
-    from rljax.algos.actor_critic import env_major
     from rljax.algos.ppo import PPOBatch, gae
 
     c = algo.config
@@ -103,18 +102,18 @@ def phases(algo):
         return gae(tr.reward, ro.value, next_values, tr.terminated, tr.truncated, hp.gamma,
                    hp.gae_lambda)  # fmt: skip
 
-    def training_batch(ro, adv, returns):
+    def training_batch(state, ro, adv, returns):  # as PPO.learn builds it
         tr = ro.transition
         samples = PPOBatch(tr.obs, ro.action, ro.log_prob, ro.value, adv, returns)
-        return algo.learner.split(env_major(samples))
+        return algo.training_batch(state, samples, ro)
 
     def shuffles(state, ro, adv, returns, epoch_key):
-        batch = training_batch(ro, adv, returns)
+        batch = training_batch(state, ro, adv, returns)
         keys = jax.random.split(epoch_key, c.update_epochs)
         return jax.lax.map(lambda key: algo.minibatches(key, batch), keys)
 
     def sgd(state, ro, adv, returns, epoch_key):
-        batch = training_batch(ro, adv, returns)
+        batch = training_batch(state, ro, adv, returns)
         carry, metrics = jax.lax.scan(
             lambda carry, k: algo.epoch(carry, k, batch, state.hparams),
             (state.params, state.opt_state, state.sync),

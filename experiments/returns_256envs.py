@@ -20,7 +20,13 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from experiments.bench_harness import log, machine_line, markdown_table, write_report  # noqa: E402
+from experiments.bench_harness import (  # noqa: E402
+    log,
+    machine_line,
+    markdown_table,
+    port_final_return,
+    write_report,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         _, metrics = run.run_chunk(run.init(jax.random.key(seed)), cfg.num_updates)
         mine = float(np.mean(np.asarray(metrics["episode_return"][-1])))
-        last = np.asarray(port(jax.random.key(seed))["metrics"]["returned_episode_returns"])
-        last = last[-1, -1]  # [num_envs] at the last step of the last update; 0: none completed
-        theirs = float(last[last > 0].mean())
+        theirs = port_final_return(port(jax.random.key(seed))["metrics"])
         rows.append({"seed": seed, "rljax": mine, "purejaxrl": theirs})
         log(f"seed {seed}: rljax {mine:.1f}, purejaxrl {theirs:.1f}")
     rows.append({

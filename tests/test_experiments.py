@@ -7,7 +7,9 @@ import numpy as np
 from experiments.bench_harness import (
     before_first_episode,
     ci_str,
+    completed_mean,
     curve_study_markdown,
+    port_final_return,
     summarise_curves,
 )
 
@@ -123,3 +125,14 @@ def test_updates_before_the_first_episode_are_not_a_return_of_zero():
     report = report_of(filled, threshold=-250.0, return_range=(-3300.0, 0.0))
     summarise_curves(report)
     assert report["threshold_steps"]["reach"] == [4000.0, 4000.0]  # not 1000: zero is no return
+
+
+def test_final_returns_average_only_envs_that_completed_an_episode():
+    # 2 seeds x 3 envs: seed 0 has two completed envs, seed 1 none (it counts 0).
+    last = np.array([[100.0, 0.0, 300.0], [0.0, 0.0, 0.0]])
+    assert completed_mean(last, last > 0) == (200.0 + 0.0) / 2
+    # The port's metrics [S, updates, steps, envs]: only the last step of the last update counts.
+    returns = np.zeros((2, 3, 4, 3))
+    returns[..., -1, -1, :] = last
+    returns[:, 0, 0, :] = 999.0  # an earlier step: ignored
+    assert port_final_return({"returned_episode_returns": returns}) == 100.0

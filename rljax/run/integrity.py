@@ -216,12 +216,10 @@ def nonfinite_counts(state) -> jax.Array:
         return jnp.zeros((0,), jnp.int32)
     sizes = [x.size for x in leaves]
     if len(leaves) > 1 and traced_on_one_device() and sum(sizes) <= CONCATENATED_COUNT_MAX:
-        # One device, a small state: one prefix sum over all leaves' flags, read at the leaves'
-        # ends, compiles to a handful of kernels instead of two per leaf (PPO's CartPole state
-        # has 40 floating leaves: about a third of its chunk's kernels, and of its compile time).
-        # The values are concatenated before the test, in a dtype every leaf's values convert to
-        # exactly (NaN and inf stay NaN and inf), so that the test is one kernel, not one per
-        # leaf. On a real mesh the concatenation would gather sharded leaves.
+        # One device, a small state: the values concatenated in a dtype every leaf converts to
+        # exactly (NaN and inf stay NaN and inf), tested once, and one prefix sum read at the
+        # leaves' ends: a handful of kernels instead of one or two per leaf (PPO's CartPole state
+        # has 40 floating leaves). On a real mesh the concatenation would gather sharded leaves.
         common = jnp.result_type(*(x.dtype for x in leaves))
         bad = ~jnp.isfinite(jnp.concatenate([x.reshape(-1).astype(common) for x in leaves]))
         total = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(bad, dtype=jnp.int32)])
