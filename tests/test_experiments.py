@@ -1,6 +1,7 @@
 """The learning-curve studies' figures (experiments/bench_harness.py): steps to a threshold come
 from the smoothed curve, intervals are confidence intervals clipped to the return's range, and a
-study without greedy evaluation says so. Pure numpy on made-up curves; nothing is trained."""
+study without greedy evaluation says so. Pure numpy on made-up curves; nothing is trained. The
+prepared GPU call (experiments/gpu_bench.sh) parses."""
 
 import numpy as np
 
@@ -136,3 +137,16 @@ def test_final_returns_average_only_envs_that_completed_an_episode():
     returns[..., -1, -1, :] = last
     returns[:, 0, 0, :] = 999.0  # an earlier step: ignored
     assert port_final_return({"returned_episode_returns": returns}) == 100.0
+
+
+def test_gpu_bench_script_parses_and_names_its_commands():
+    """The prepared GPU call (experiments/gpu_bench.sh) is valid bash, and an unknown command
+    gets its usage line and exit code 2 before anything runs."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "gpu_bench.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    result = subprocess.run(["bash", str(script), "nonsense"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "usage" in result.stderr and "fetch | run" in result.stderr
