@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-py312 lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,8 +20,21 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check rljax tests experiments notebooks
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30 tests
 
+# The suite on Python 3.12, where pip resolves the newest jax that rljax's dependencies allow
+# (0.11.2 on 2026-12-07: gymnax 1.0.1 caps jax below 0.12). TPU/GPU users run 0.11/0.12; CI runs
+# `make test` (Python 3.11, jax 0.10.2). JAX=0.12.0.1 forces that jax past gymnax's cap.
+PYTHON312 ?= python3.12
+VENV312 := .venv312
+JAX ?=
+test-py312:
+	test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
+	$(VENV312)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV312)/bin/python -m pip install --quiet -e ".[test]"
+	$(if $(JAX),$(VENV312)/bin/python -m pip install --quiet "jax==$(JAX)" "jaxlib==$(JAX)")
+	$(VENV312)/bin/python -m pytest -q -n 2 --dist loadfile tests
+
 bench: $(STAMP)
 	$(PY) experiments/bench_ppo.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VENV312) runs .pytest_cache
