@@ -26,12 +26,11 @@ test: $(STAMP)
 PYTHON312 ?= python3.12
 VENV312 := .venv312
 JAX ?=
+# The install and `test` rules above, run again with VENV and PYTHON pointed at Python 3.12.
 test-py312:
-	test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
-	$(VENV312)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV312)/bin/python -m pip install --quiet -e ".[test]"
+	$(MAKE) VENV=$(VENV312) PYTHON=$(PYTHON312) $(VENV312)/.installed
 	$(if $(JAX),$(VENV312)/bin/python -m pip install --quiet "jax==$(JAX)" "jaxlib==$(JAX)")
-	$(VENV312)/bin/python -m pytest -q -n 2 --dist loadfile tests
+	$(MAKE) VENV=$(VENV312) PYTHON=$(PYTHON312) test
 
 bench: $(STAMP)
 	$(PY) experiments/bench_ppo.py

@@ -31,10 +31,12 @@ TINY = PPOConfig(
 
 
 def jitted_updates(algo, key, num_updates):
+    """``num_updates`` updates from ``algo.init(key)`` in one jit; keys ``[S]``: vmapped seeds."""
+
     def run(key):
         return jax.lax.scan(lambda s, _: algo.update(s), algo.init(key), length=num_updates)
 
-    return jax.jit(run)(key)
+    return jax.jit(jax.vmap(run) if key.shape else run)(key)
 
 
 @pytest.fixture(scope="module")
@@ -233,13 +235,8 @@ LEARN = PPOConfig(
 def test_gru_ppo_learns_partially_observable_cartpole_where_the_mlp_does_not():
     returns, keys = {}, jax.random.split(jax.random.key(0), 2)
     for recurrent in ("gru", "none"):
-        algo = PPO(dataclasses.replace(LEARN, recurrent=recurrent))
-
-        def run(key, algo=algo):
-            updates = algo.config.num_updates
-            return jax.lax.scan(lambda s, _: algo.update(s), algo.init(key), length=updates)[1]
-
-        metrics = jax.jit(jax.vmap(run))(keys)
+        config = dataclasses.replace(LEARN, recurrent=recurrent)
+        _, metrics = jitted_updates(PPO(config), keys, config.num_updates)
         returns[recurrent] = np.asarray(metrics["episode_return"])  # [seeds, updates]
         assert np.isfinite(np.asarray(metrics["loss"])).all()
     tenth = returns["gru"].shape[1] // 10
