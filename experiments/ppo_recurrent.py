@@ -1,8 +1,9 @@
-"""PPO with a GRU policy vs an MLP policy on partially observable CartPole (CartPole-v1-po: the
-velocities masked, the observation is [x, theta]), 3 seeds each, the same budget.
+"""PPO with a GRU (or LSTM) policy vs an MLP policy on partially observable CartPole
+(CartPole-v1-po: the velocities masked, the observation is [x, theta]), 3 seeds each, the same
+budget.
 
-    python experiments/ppo_recurrent.py                   # both policies, 3 seeds x 2e6 steps
-    python experiments/ppo_recurrent.py --policy gru      # one of them (writes its own files)
+    python experiments/ppo_recurrent.py                   # GRU and MLP, 3 seeds x 2e6 steps
+    python experiments/ppo_recurrent.py --policy lstm     # one policy (writes its own files)
     python experiments/ppo_recurrent.py --quick           # smoke run, writes to a temp dir
     python experiments/ppo_recurrent.py --combine         # ppo_recurrent.* from the two studies
 
@@ -22,7 +23,8 @@ and two 128-wide ReLU layers per head (the embedding and the cell replaced by a 
 study is ``bench_harness.curve_study_main`` (seeds vmapped in one jit on a ``data=1,model=1``
 mesh, greedy evaluation after every chunk, the GRU's hidden state carried across steps),
 written as ``ppo_recurrent_gru.*`` and ``ppo_recurrent_mlp.*``; ``ppo_recurrent.{md,json,png}``
-puts the two side by side.
+puts them side by side, with ``ppo_recurrent_lstm.*`` when that study has run (``--policy lstm``:
+the GRU's settings with an LSTM cell of the same width).
 """
 
 from __future__ import annotations
@@ -53,14 +55,16 @@ RESULTS = REPO_ROOT / "experiments/results"
 TITLES = {
     "gru": "PPO GRU, CartPole-v1-po (velocities masked)",
     "mlp": "PPO MLP, CartPole-v1-po (velocities masked)",
+    "lstm": "PPO LSTM, CartPole-v1-po (velocities masked)",
 }
+DEFAULT_POLICIES = ["gru", "mlp"]
 
 
 def make_config(total_timesteps: int, policy: str = "gru") -> PPOConfig:
-    gru = policy == "gru"
+    recurrent = policy in ("gru", "lstm")
     return PPOConfig(
         env=ENV,
-        recurrent="gru" if gru else "none",
+        recurrent=policy if recurrent else "none",
         gru_width=128,
         num_envs=16,
         num_steps=128,
@@ -75,22 +79,22 @@ def make_config(total_timesteps: int, policy: str = "gru") -> PPOConfig:
         ent_coef=0.01,
         vf_coef=0.5,
         max_grad_norm=0.5,
-        actor_widths=(128,) if gru else (128, 128),
-        critic_widths=(128,) if gru else (128, 128),
+        actor_widths=(128,) if recurrent else (128, 128),
+        critic_widths=(128,) if recurrent else (128, 128),
         activation="relu",
     )
 
 
 def summary(c: PPOConfig) -> str:
     net = (
-        f"Dense({c.gru_width}) + GRU({c.gru_width}) + {c.actor_widths} heads"
-        if c.recurrent == "gru"
+        f"Dense({c.gru_width}) + {c.recurrent.upper()}({c.gru_width}) + {c.actor_widths} heads"
+        if c.recurrent != "none"
         else f"MLP {c.actor_widths} heads"
     )
     return (
         f"PPO {c.env}, {net}, {c.activation}, {c.num_envs} envs x {c.num_steps} steps, "
         f"{c.update_epochs} epochs x {c.num_minibatches} minibatches"
-        + (" of whole sequences" if c.recurrent == "gru" else "")
+        + (" of whole sequences" if c.recurrent != "none" else "")
         + f", lr {c.lr:g} annealed, gamma {c.gamma:g}, ent {c.ent_coef:g}"
     )
 
@@ -126,13 +130,13 @@ def name_script(report: dict, stem: Path) -> None:
 
 
 def combine(reports: dict[str, dict], stem: Path) -> str:
-    """``ppo_recurrent.{md,json,png}``: the two studies' rows, per-seed figures and curves."""
+    """``ppo_recurrent.{md,json,png}``: the studies' rows, per-seed figures and curves."""
     import numpy as np
     from matplotlib.figure import Figure
 
     rows = [reports[p]["row"] for p in reports]
     lines = [
-        "# PPO on partially observable CartPole: GRU vs MLP",
+        "# PPO on partially observable CartPole: " + " vs ".join(p.upper() for p in reports),
         "",
         f"CartPole-v1-po: CartPole-v1 with the cart and pole velocities removed from the "
         f"observation (`rljax.envs.wrappers`), so the policy sees [x, theta]. Target: the GRU "
@@ -184,7 +188,7 @@ def combine(reports: dict[str, dict], stem: Path) -> str:
     write_json_compact(stem.with_suffix(".json"), NAME, {"studies": reports})
     fig = Figure(figsize=(8, 5))
     ax = fig.subplots()
-    colors = {"gru": "tab:blue", "mlp": "tab:red"}
+    colors = {"gru": "tab:blue", "mlp": "tab:red", "lstm": "tab:green"}
     for p, r in reports.items():
         returns = np.array([s["episode_return"] for s in r["per_seed"]]).T
         steps = (np.arange(len(returns)) + 1) * r["env_steps_per_update"]
@@ -196,7 +200,10 @@ def combine(reports: dict[str, dict], stem: Path) -> str:
     ax.set_xlabel("env steps per seed")
     ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g}M")
     ax.set_ylabel("training episode return (moving mean over 1/50 of the run)")
-    ax.set_title("PPO on CartPole-v1-po (velocities masked): GRU vs MLP", fontsize=10)
+    ax.set_title(
+        "PPO on CartPole-v1-po (velocities masked): " + " vs ".join(p.upper() for p in reports),
+        fontsize=10,
+    )
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
@@ -207,7 +214,7 @@ def combine(reports: dict[str, dict], stem: Path) -> str:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    policies = ["gru", "mlp"]
+    policies = list(DEFAULT_POLICIES)
     if "--policy" in argv:
         i = argv.index("--policy")
         policies = [argv[i + 1]]
@@ -220,8 +227,8 @@ def main(argv=None):
     if "--quick" in argv:
         return reports
     stored = {p: RESULTS / f"{NAME}_{p}.json" for p in TITLES}
-    if all(path.exists() for path in stored.values()):
-        reports = {p: json.loads(path.read_text()) for p, path in stored.items()}
+    if all(stored[p].exists() for p in DEFAULT_POLICIES):
+        reports = {p: json.loads(path.read_text()) for p, path in stored.items() if path.exists()}
         print(combine(reports, RESULTS / NAME))
     return reports
 

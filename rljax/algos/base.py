@@ -124,8 +124,14 @@ class Algorithm:
 
     # -- shared -------------------------------------------------------------------------------
     def init_params(self, key: jax.Array):
-        """Boxed parameters of ``self.network`` from a ``[1, D]`` dummy observation."""
-        return self.network.init(key, jnp.zeros((1, self.env.spec.obs_dim), jnp.float32))
+        """Boxed parameters of ``self.network`` from a ``[1, D]`` dummy observation.
+
+        Under ``jax.vmap`` (seeds: ``jax.vmap(algo.init)(keys)``) the seeds' parameters are drawn
+        one after another, as ``lax.map`` would: batched, an orthogonal initialiser is a batched
+        LAPACK QR, whose CPU kernel in jaxlib 0.10 deadlocked on one CPU device (two vmapped
+        GRU PPO inits, 2026-12-07). The numbers are the same either way."""
+        obs = jnp.zeros((1, self.env.spec.obs_dim), jnp.float32)
+        return jax.custom_batching.sequential_vmap(lambda k: self.network.init(k, obs))(key)
 
     def with_learner(self, state, params, opt_state, sync):
         """``state`` with the learner's ``params``/``opt_state``/``sync`` (or their specs)."""

@@ -1,6 +1,6 @@
-"""Recurrent PPO: PPO with a GRU actor-critic (``PPOConfig(recurrent="gru")``).
+"""Recurrent PPO: PPO with a GRU or LSTM actor-critic (``PPOConfig(recurrent="gru")``).
 
-    ppo = PPO(PPOConfig(env="CartPole-v1-po", recurrent="gru"))   # a RecurrentPPO
+    ppo = PPO(PPOConfig(env="CartPole-v1-po", recurrent="gru"))   # a RecurrentPPO ("lstm" too)
     state = ppo.init(jax.random.key(0))      # state.hidden: [B@batch, H] zeros
     state, metrics = ppo.update(state)
 
@@ -16,7 +16,8 @@ What changes against PPO (the hooks ``collect``, ``training_batch``, ``forward``
   never time, each sequence starts from the hidden state stored at its start (the state's
   ``hidden`` before the rollout) and BPTT runs through it, with the same resets as the rollout.
 
-Shapes: ``T = num_steps``, ``B = num_envs``, ``H = gru_width``, ``R`` data-parallel replicas.
+Shapes: ``T = num_steps``, ``B = num_envs``, ``R`` data-parallel replicas, ``H`` the recurrent
+state's width: ``gru_width`` for a GRU, ``2 x gru_width`` for an LSTM (its ``[c | h]``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def check_sequences(config, batch_shards: int = 1) -> None:
     ``num_envs``; no shared ``torso_widths`` (the embedding and the cell are the torso)."""
     if tuple(config.torso_widths):
         raise ConfigError(
-            f"recurrent={config.recurrent!r}: the embedding and GRU cell are the shared torso; "
+            f"recurrent={config.recurrent!r}: the embedding and the cell are the shared torso; "
             f"torso_widths must be (), got {tuple(config.torso_widths)}"
         )
     pieces = config.num_minibatches * batch_shards
@@ -61,7 +62,8 @@ class RecurrentPPO(PPO):
 
     @property
     def hidden_width(self) -> int:
-        return self.config.gru_width
+        """``H``: the recurrent state's width (the network's ``state_size``)."""
+        return self.network.state_size
 
     def initial_hidden(self, num_envs: int) -> jax.Array:
         """Zeros ``[num_envs@batch, H]``: the hidden state at an episode's start."""

@@ -26,7 +26,7 @@ from rljax.networks.residual import ResidualActorCritic, ResidualQNetwork
 from rljax.parallel.pipeline import check_pipeline
 
 NETWORKS = ("mlp", "residual", "cnn")
-RECURRENT = ("none", "gru")
+RECURRENT = ("none", "gru", "lstm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,15 +73,16 @@ class NetworkSettings:
     """feed the network observations normalised by their running mean and variance (merged over
     data shards, kept in the training state and checkpoints, frozen in evaluation), clipped to
     +-10."""
-    recurrent: Literal["none", "gru"] = "none"
-    """PPO only, network=mlp: gru puts a Dense(gru_width) embedding and a GRU cell of gru_width
-    before the actor and critic towers. The hidden state is reset at every episode end, lives
-    in the training state (and checkpoints), and training runs BPTT over whole environment
-    sequences of num_steps (num_minibatches splits environments, never time). The embedding
-    and cell are replicated over the model axis (a split cell would all-gather its state at
-    every time step), the towers after it tensor parallel."""
+    recurrent: Literal["none", "gru", "lstm"] = "none"
+    """PPO only, network=mlp: gru (lstm) puts a Dense(gru_width) embedding and a GRU (LSTM) cell
+    of gru_width before the actor and critic towers. The hidden state is reset at every episode
+    end, lives in the training state (and checkpoints), and training runs BPTT over whole
+    environment sequences of num_steps (num_minibatches splits environments, never time). The
+    embedding and cell are replicated over the model axis (a split cell would all-gather its
+    state at every time step), the towers after it tensor parallel."""
     gru_width: int = 128
-    """recurrent=gru: width of the embedding and of the GRU's hidden state."""
+    """recurrent=gru or lstm: width of the embedding and of the cell's hidden state (an LSTM's
+    state also holds its cell memory: 2 x gru_width)."""
 
 
 def check_network(config, mlp_shards: int, algorithm: str = "", recurrent_ok: bool = False) -> None:
@@ -144,8 +145,8 @@ def check_recurrent(config, algorithm: str, recurrent_ok: bool) -> None:
         )
     if config.network != "mlp":
         raise ConfigError(
-            f"recurrent={recurrent!r} goes with network='mlp' (a GRU before the MLP towers), got "
-            f"network={config.network!r}"
+            f"recurrent={recurrent!r} goes with network='mlp' (the cell before the MLP towers), "
+            f"got network={config.network!r}"
         )
     if config.gru_width < 1:
         raise ConfigError(f"gru_width must be >= 1, got {config.gru_width}")
@@ -207,8 +208,8 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
     D]`` -> ``(logits [B@batch, A], value [B@batch])`` float32, and ``.value(obs)``; for a
     continuous action space (``spec.continuous``) ``(mean, log_std) [B@batch, A]`` in place of
     the logits (the image networks are discrete-only: the image environments are). With
-    ``recurrent="gru"`` a ``RecurrentActorCritic``, whose steps also take and return the hidden
-    state ``[B@batch, gru_width]``."""
+    ``recurrent="gru"`` or ``"lstm"`` a ``RecurrentActorCritic``, whose steps also take and
+    return the recurrent state ``[B@batch, S]`` (``S``: its ``state_size``)."""
     c = config
     network = getattr(c, "network", "mlp")
     common = dict(
@@ -230,9 +231,13 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
     )
     if network == "residual":
         return ResidualActorCritic(**residual_fields(c), **common)
-    if getattr(c, "recurrent", "none") == "gru":
+    if getattr(c, "recurrent", "none") != "none":
         return RecurrentActorCritic(
-            width=c.gru_width, actor_widths=c.actor_widths, critic_widths=c.critic_widths, **common
+            width=c.gru_width,
+            actor_widths=c.actor_widths,
+            critic_widths=c.critic_widths,
+            cell_type=c.recurrent,
+            **common,
         )
     return ActorCritic(
         actor_widths=c.actor_widths,
