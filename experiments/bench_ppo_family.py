@@ -89,7 +89,12 @@ def rljax_config(pair: str, updates: int):
 def recurrent_fields() -> dict:
     """PureJaxRL ppo_rnn's network in rljax's terms: a 128 relu embedding, GRU 128, 128 relu
     heads."""
-    return {"recurrent": "gru", "gru_width": 128, "actor_widths": (128,), "critic_widths": (128,)}
+    return {
+        "recurrent": "gru",
+        "recurrent_width": 128,
+        "actor_widths": (128,),
+        "critic_widths": (128,),
+    }
 
 
 def baseline(pair: str, updates: int):

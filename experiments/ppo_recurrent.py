@@ -65,7 +65,7 @@ def make_config(total_timesteps: int, policy: str = "gru") -> PPOConfig:
     return PPOConfig(
         env=ENV,
         recurrent=policy if recurrent else "none",
-        gru_width=128,
+        recurrent_width=128,
         num_envs=16,
         num_steps=128,
         total_timesteps=total_timesteps,
@@ -87,7 +87,8 @@ def make_config(total_timesteps: int, policy: str = "gru") -> PPOConfig:
 
 def summary(c: PPOConfig) -> str:
     net = (
-        f"Dense({c.gru_width}) + {c.recurrent.upper()}({c.gru_width}) + {c.actor_widths} heads"
+        f"Dense({c.recurrent_width}) + {c.recurrent.upper()}({c.recurrent_width}) + "
+        f"{c.actor_widths} heads"
         if c.recurrent != "none"
         else f"MLP {c.actor_widths} heads"
     )

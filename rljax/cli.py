@@ -210,11 +210,17 @@ def _check_algorithm(argv: list[str], command: str) -> str:
         raise ConfigError(f"rljax {command} needs an algorithm: {', '.join(names)}")
     if argv[0] not in names:
         raise ConfigError(f"unknown algorithm {argv[0]!r}; expected one of {', '.join(names)}")
-    if "--num-cpu-devices" in argv or any(a.startswith("--num-cpu-devices=") for a in argv):
-        raise ConfigError(
-            "--num-cpu-devices is now --num-devices (CPU devices emulated in each process)"
-        )
+    for old, (new, what) in RENAMED_FLAGS.items():
+        if old in argv or any(a.startswith(f"{old}=") for a in argv):
+            raise ConfigError(f"{old} is now {new} ({what})")
     return argv[0]
+
+
+# Flags renamed since they were first released: old -> (new, what the new one sets).
+RENAMED_FLAGS = {
+    "--num-cpu-devices": ("--num-devices", "CPU devices emulated in each process"),
+    "--gru-width": ("--recurrent-width", "the width of either recurrent cell, GRU or LSTM"),
+}
 
 
 def defaults(algorithm: str, argv: list[str]):

@@ -146,6 +146,7 @@ def test_integer_flags_take_exact_integer_literals(no_training, tmp_path, capsys
         (["--lrr", "3"], "error: unrecognized options: --lrr, 3; perhaps you meant --lr"),
         (["--num-envs"], "error: missing value for argument '--num-envs'"),
         (["--num-cpu-devices", "4"], "error: --num-cpu-devices is now --num-devices"),
+        (["--gru-width=8"], "error: --gru-width is now --recurrent-width"),
     ],
 )
 def test_parse_errors_are_one_line(no_training, capsys, args, message):

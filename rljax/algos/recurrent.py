@@ -17,7 +17,7 @@ What changes against PPO (the hooks ``collect``, ``training_batch``, ``forward``
   ``hidden`` before the rollout) and BPTT runs through it, with the same resets as the rollout.
 
 Shapes: ``T = num_steps``, ``B = num_envs``, ``R`` data-parallel replicas, ``H`` the recurrent
-state's width: ``gru_width`` for a GRU, ``2 x gru_width`` for an LSTM (its ``[c | h]``).
+state's width: ``recurrent_width`` for a GRU, ``2 x recurrent_width`` for an LSTM (its ``[c | h]``).
 """
 
 from __future__ import annotations

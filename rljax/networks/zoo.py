@@ -74,15 +74,16 @@ class NetworkSettings:
     data shards, kept in the training state and checkpoints, frozen in evaluation), clipped to
     +-10."""
     recurrent: Literal["none", "gru", "lstm"] = "none"
-    """PPO only, network=mlp: gru (lstm) puts a Dense(gru_width) embedding and a GRU (LSTM) cell
-    of gru_width before the actor and critic towers. The hidden state is reset at every episode
-    end, lives in the training state (and checkpoints), and training runs BPTT over whole
+    """PPO only, network=mlp: gru (lstm) puts a Dense(recurrent_width) embedding and a GRU (LSTM)
+    cell of recurrent_width before the actor and critic towers. The hidden state is reset at every
+    episode end, lives in the training state (and checkpoints), and training runs BPTT over whole
     environment sequences of num_steps (num_minibatches splits environments, never time). The
     embedding and cell are replicated over the model axis (a split cell would all-gather its
     state at every time step), the towers after it tensor parallel."""
-    gru_width: int = 128
+    recurrent_width: int = 128
     """recurrent=gru or lstm: width of the embedding and of the cell's hidden state (an LSTM's
-    state also holds its cell memory: 2 x gru_width)."""
+    state also holds its cell memory: 2 x recurrent_width). Named gru_width until 2026-12-07; a
+    run directory saved with that name resumes, evaluates and exports as before."""
 
 
 def check_network(config, mlp_shards: int, algorithm: str = "", recurrent_ok: bool = False) -> None:
@@ -91,7 +92,7 @@ def check_network(config, mlp_shards: int, algorithm: str = "", recurrent_ok: bo
     width ``width * expansion`` must divide by the ``model`` axis size ``mlp_shards``); for
     ``network="cnn"``, an image environment, the ``cnn_*`` fields and the head's fields;
     ``recurrent`` only where ``recurrent_ok`` (``algorithm`` names the caller in the message),
-    with ``network="mlp"`` and ``gru_width >= 1``."""
+    with ``network="mlp"`` and ``recurrent_width >= 1``."""
     if config.network not in NETWORKS:
         raise ConfigError(f"network must be one of {list(NETWORKS)}, got {config.network!r}")
     check_recurrent(config, algorithm, recurrent_ok)
@@ -148,8 +149,8 @@ def check_recurrent(config, algorithm: str, recurrent_ok: bool) -> None:
             f"recurrent={recurrent!r} goes with network='mlp' (the cell before the MLP towers), "
             f"got network={config.network!r}"
         )
-    if config.gru_width < 1:
-        raise ConfigError(f"gru_width must be >= 1, got {config.gru_width}")
+    if config.recurrent_width < 1:
+        raise ConfigError(f"recurrent_width must be >= 1, got {config.recurrent_width}")
 
 
 def check_cnn(config, mlp_shards: int) -> None:
@@ -233,7 +234,7 @@ def actor_critic(config, spec: EnvSpec) -> nn.Module:
         return ResidualActorCritic(**residual_fields(c), **common)
     if getattr(c, "recurrent", "none") != "none":
         return RecurrentActorCritic(
-            width=c.gru_width,
+            width=c.recurrent_width,
             actor_widths=c.actor_widths,
             critic_widths=c.critic_widths,
             cell_type=c.recurrent,

@@ -23,7 +23,8 @@ update it resumed from, ``changed`` (``{"algo.total_timesteps": {"old": ..., "ne
 ``defaults`` (fields missing from the saved configuration, e.g. added to rljax since, and the
 default value they took). The run's effective configuration (``read_run_config``) is the
 original with every record's defaults and changes applied. A field missing from the saved
-configuration takes its default; it blocks a resume only if the new value differs from it.
+configuration takes its default; it blocks a resume only if the new value differs from it. A
+field renamed since the run was saved (``RENAMED_FIELDS``) is read under its new name.
 """
 
 from __future__ import annotations
@@ -135,16 +136,30 @@ def _set_path(tree: dict, dotted: str, value) -> None:
     tree[last] = value
 
 
+# Config fields renamed since runs were first saved: old dotted name -> new dotted name.
+RENAMED_FIELDS = {"algo.gru_width": "algo.recurrent_width"}
+
+
 def effective_config(data: dict) -> dict:
     """The run's configuration now: ``data`` (``read_config_file``) with every resume record's
-    defaults and changes applied in order, without ``resumes``."""
+    defaults and changes applied in order, without ``resumes``, and every field of
+    ``RENAMED_FIELDS`` under its new name."""
     out = copy.deepcopy({k: v for k, v in data.items() if k != "resumes"})
+    _rename_fields(out)
     for record in data.get("resumes", []):
         for dotted, value in record.get("defaults", {}).items():
-            _set_path(out, dotted, value)
+            _set_path(out, RENAMED_FIELDS.get(dotted, dotted), value)
         for dotted, change in record.get("changed", {}).items():
-            _set_path(out, dotted, change["new"])
+            _set_path(out, RENAMED_FIELDS.get(dotted, dotted), change["new"])
     return out
+
+
+def _rename_fields(config: dict) -> None:
+    for old, new in RENAMED_FIELDS.items():
+        (section, old_name), new_name = old.split(".", 1), new.split(".", 1)[1]
+        fields = config.get(section)
+        if isinstance(fields, dict) and old_name in fields and new_name not in fields:
+            fields[new_name] = fields.pop(old_name)
 
 
 def read_run_config(run_dir: str | Path, verb: str = "resume") -> dict:

@@ -21,7 +21,7 @@ from rljax.run.sharded import ShardedRun
 TINY = PPOConfig(
     env="CartPole-v1-po",
     recurrent="gru",
-    gru_width=8,
+    recurrent_width=8,
     actor_widths=(8, 8, 8),  # odd: the logits head reads model-sharded features (row split)
     critic_widths=(8, 8),
     num_envs=8,
@@ -218,7 +218,7 @@ def test_optimizer_step_runs_on_placeholder_sequences():
         (dict(num_envs=4, num_minibatches=4), 2, r"on each of 2 data shards.*in \[1, 2\]"),
         (dict(torso_widths=(8, 8)), 1, r"torso_widths must be \(\)"),
         (dict(network="residual"), 1, r"goes with network='mlp'"),
-        (dict(gru_width=0), 1, r"gru_width must be >= 1"),
+        (dict(recurrent_width=0), 1, r"recurrent_width must be >= 1"),
         (dict(recurrent="rnn"), 1, r"recurrent must be one of \['none', 'gru', 'lstm'\]"),
     ],
 )
@@ -243,7 +243,7 @@ def test_a2c_and_dqn_refuse_recurrent():
 LEARN = PPOConfig(
     env="CartPole-v1-po",
     recurrent="gru",
-    gru_width=64,
+    recurrent_width=64,
     actor_widths=(64,),
     critic_widths=(64,),
     activation="relu",

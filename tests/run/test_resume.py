@@ -327,6 +327,27 @@ def test_resume_records_accumulate_and_missing_fields_take_defaults(saved_run):
     assert data["algo"]["total_timesteps"] == 1024  # the original is kept as it was
 
 
+def test_a_run_saved_before_a_field_was_renamed_resumes_under_the_new_name(saved_run, tmp_path):
+    from rljax.run.resume import effective_config, read_run_config
+
+    copy = copy_run(saved_run[0], tmp_path)
+    path = copy / "config.json"
+    data = json.loads(path.read_text())
+    data["algo"]["gru_width"] = data["algo"].pop("recurrent_width")  # as written before the rename
+    path.write_text(json.dumps(data))
+    effective = read_run_config(copy)
+    assert "gru_width" not in effective["algo"] and effective["algo"]["recurrent_width"] == 128
+    longer = dataclasses.replace(SMALL, total_timesteps=SMALL.total_timesteps + 2 * 128)
+    result = resume(longer, copy)
+    assert result.resumed_from == 8 and result.updates_done == 10
+    record = json.loads(path.read_text())["resumes"][0]
+    assert record["defaults"] == {}
+    assert {k for k in record["changed"] if k.startswith("algo.")} == {"algo.total_timesteps"}
+    # a resume record written under the old name (the field took its default then) applies too
+    old_record = {"defaults": {"algo.gru_width": 32}, "changed": {}}
+    assert effective_config({**data, "resumes": [old_record]})["algo"]["recurrent_width"] == 32
+
+
 DAMAGE = {
     "truncated": lambda text: text[: len(text) // 2],
     "garbage": lambda text: "\x00\x01 not json",

@@ -111,7 +111,7 @@ def test_an_existing_output_is_one_error_and_stays_as_it_was(trained, exported, 
 GRU = PPOConfig(
     env="CartPole-v1-po",
     recurrent="gru",
-    gru_width=8,
+    recurrent_width=8,
     actor_widths=(8,),
     critic_widths=(8,),
     num_envs=4,
