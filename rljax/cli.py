@@ -204,6 +204,13 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
     return value
 
 
+# Flags renamed since they were first released: old -> (new, what the new one sets).
+RENAMED_FLAGS = {
+    "--num-cpu-devices": ("--num-devices", "CPU devices emulated in each process"),
+    "--gru-width": ("--recurrent-width", "the width of either recurrent cell, GRU or LSTM"),
+}
+
+
 def _check_algorithm(argv: list[str], command: str) -> str:
     names = registered_names()
     if not argv or argv[0] in ("-h", "--help"):
@@ -214,13 +221,6 @@ def _check_algorithm(argv: list[str], command: str) -> str:
         if old in argv or any(a.startswith(f"{old}=") for a in argv):
             raise ConfigError(f"{old} is now {new} ({what})")
     return argv[0]
-
-
-# Flags renamed since they were first released: old -> (new, what the new one sets).
-RENAMED_FLAGS = {
-    "--num-cpu-devices": ("--num-devices", "CPU devices emulated in each process"),
-    "--gru-width": ("--recurrent-width", "the width of either recurrent cell, GRU or LSTM"),
-}
 
 
 def defaults(algorithm: str, argv: list[str]):

@@ -126,6 +126,16 @@ def read_config_file(run_dir: str | Path, verb: str = "resume") -> dict:
     return data
 
 
+def _parent(tree: dict, dotted: str) -> tuple[dict, str]:
+    """The dict holding ``dotted``'s last name (``{}`` where a parent is missing), and that name."""
+    *parents, last = dotted.split(".")
+    for part in parents:
+        tree = tree.get(part)
+        if not isinstance(tree, dict):
+            return {}, last
+    return tree, last
+
+
 def _set_path(tree: dict, dotted: str, value) -> None:
     *parents, last = dotted.split(".")
     for part in parents:
@@ -145,21 +155,16 @@ def effective_config(data: dict) -> dict:
     defaults and changes applied in order, without ``resumes``, and every field of
     ``RENAMED_FIELDS`` under its new name."""
     out = copy.deepcopy({k: v for k, v in data.items() if k != "resumes"})
-    _rename_fields(out)
+    for old, new in RENAMED_FIELDS.items():
+        parent, name = _parent(out, old)
+        if name in parent:
+            _set_path(out, new, parent.pop(name))
     for record in data.get("resumes", []):
         for dotted, value in record.get("defaults", {}).items():
             _set_path(out, RENAMED_FIELDS.get(dotted, dotted), value)
         for dotted, change in record.get("changed", {}).items():
             _set_path(out, RENAMED_FIELDS.get(dotted, dotted), change["new"])
     return out
-
-
-def _rename_fields(config: dict) -> None:
-    for old, new in RENAMED_FIELDS.items():
-        (section, old_name), new_name = old.split(".", 1), new.split(".", 1)[1]
-        fields = config.get(section)
-        if isinstance(fields, dict) and old_name in fields and new_name not in fields:
-            fields[new_name] = fields.pop(old_name)
 
 
 def read_run_config(run_dir: str | Path, verb: str = "resume") -> dict:
