@@ -294,12 +294,6 @@ def train_main(argv: list[str], command: str = "train") -> int:
         if dry_run or command == "plan":
             from rljax.run.plan import plan
 
-            if run.parallel.actor_mesh is not None or run.parallel.learner_mesh is not None:
-                raise ConfigError(
-                    "rljax plan knows one mesh; the actor-learner layout (--actor-mesh/"
-                    "--learner-mesh) has no memory plan: plan its learner with --mesh instead"
-                )
-
             result = plan(algo, run)
             print(result.table())
             result.check()

@@ -161,12 +161,17 @@ class ActorLearnerRun:
         exp_specs = experience_specs(acted[1])
         self.exp_on_actors = actor.shardings(exp_specs)
         self.exp_on_learner = learner.shardings(exp_specs)
+        # Each program takes its side's state and returns the next one: donated, so a device
+        # holds one copy of the parameters and optimizer state, not two.
         self._act_jit = jit(
-            self._act, out_shardings=(self.actor_shardings, self.exp_on_actors, actor.replicated())
+            self._act,
+            out_shardings=(self.actor_shardings, self.exp_on_actors, actor.replicated()),
+            donate_argnums=0,
         )
         self._learn_jit = jit(
-            self._learn, out_shardings=(self.learner_shardings, learner.replicated())
-        )
+            self._learn, out_shardings=(self.learner_shardings, learner.replicated()),
+            donate_argnums=0,
+        )  # fmt: skip
         # One program (per chunk length): eager stacking would wait for every update.
         self._stack = jax.jit(functools.partial(_stack, size=chunk_size))
         self._count_learner = jax.jit(integrity.nonfinite_counts)

@@ -82,15 +82,20 @@ class Plan:
     available_devices: int = 1
     hints: tuple[str, ...] = ()
     pipeline: dict[str, Any] | None = None  # stages, microbatches, bubble, stacked_param_bytes
+    # The actor-learner layout plans each mesh apart (``rljax.run.plan_actor_learner``): whose
+    # devices these are, the program that updates, and bytes held beside the programs.
+    role: str = ""
+    update_program: str = "chunk"
+    beside_programs: int = 0
 
     @property
     def temporaries(self) -> int:
-        return self.programs["chunk"]["temp"]
+        return self.programs[self.update_program]["temp"]
 
     @property
     def total(self) -> int:
-        """Bytes one device needs: the bigger of the two programs' totals."""
-        return max(p["total"] for p in self.programs.values())
+        """Bytes one device needs: the biggest program's total, plus what it holds beside."""
+        return max(p["total"] for p in self.programs.values()) + self.beside_programs
 
     @property
     def fits(self) -> bool:
@@ -124,29 +129,36 @@ class Plan:
             "suggested_mesh": None if self.suggestion is None else self.suggestion[0],
             "compile_seconds": {k: round(v, 3) for k, v in self.compile_seconds.items()},
             "pipeline": self.pipeline,
+            **({"role": self.role, "beside_programs": self.beside_programs} if self.role else {}),
         }
 
     def table(self) -> str:
         """The plan for the console, one figure a line."""
         h = memory.human
         seeds = f", {self.num_seeds} seeds" if self.num_seeds > 1 else ""
+        role = f" ({self.role} devices)" if self.role else ""
         lines = [
-            f"memory plan: {self.algorithm} on {self.env}, mesh {self.mesh} "
+            f"memory plan{role}: {self.algorithm} on {self.env}, mesh {self.mesh} "
             f"({self.devices} device{'s' if self.devices > 1 else ''}){seeds}",
             f"  parameters: {self.param_count:,}",
             "  bytes per device:",
         ]
         for name, n in self.state.items():
             lines.append(f"    {name:<26}{h(n):>10}")
-        lines.append(f"    {GRADIENTS:<26}{h(self.gradients):>10}  (within the temporaries)")
-        lines.append(f"    {TEMPORARIES:<26}{h(self.temporaries):>10}  (update chunk)")
+        if self.gradients:
+            lines.append(f"    {GRADIENTS:<26}{h(self.gradients):>10}  (within the temporaries)")
+        what = self.update_program
+        what = "update chunk" if what == "chunk" else f"{what} program"
+        lines.append(f"    {TEMPORARIES:<26}{h(self.temporaries):>10}  ({what})")
         for name, p in self.programs.items():
             lines.append(
                 f"    {name + ' program total':<26}{h(p['total']):>10}  (arguments "
                 f"{h(p['argument'])} + outputs {h(p['output'])} - aliased {h(p['alias'])} + "
                 f"temporaries {h(p['temp'])} + code {h(p['generated_code'])})"
             )
-        lines.append(f"    {'needed':<26}{h(self.total):>10}")
+        beside = "  (the biggest program and the queued versions beside it)"
+        beside = beside if self.beside_programs else ""
+        lines.append(f"    {'needed':<26}{h(self.total):>10}{beside}")
         if self.pipeline:
             pl = self.pipeline
             lines.append(
@@ -377,11 +389,21 @@ def plan_of(sharded, algorithm: str, run: RunConfig) -> Plan:
     )
 
 
-def plan(algorithm, run: RunConfig | None = None) -> Plan:
+def plan(algorithm, run: RunConfig | None = None):
     """Validate (``prepare``), compile init and the update chunk as ``train`` would, and return
-    their ``Plan``; nothing runs and nothing is written. ``algorithm``: as for ``train``."""
+    their ``Plan``; nothing runs and nothing is written. ``algorithm``: as for ``train``. With
+    ``--actor-mesh``/``--learner-mesh`` an ``ActorLearnerPlan``: one ``Plan`` per mesh."""
     run = run or RunConfig()
     algo_cls, config = resolve_algorithm(algorithm)
+    if run.parallel.actor_mesh is not None or run.parallel.learner_mesh is not None:
+        from rljax.run.actor_learner import ActorLearnerRun, prepare_actor_learner  # noqa: PLC0415
+        from rljax.run.plan_actor_learner import plan_actor_learner  # noqa: PLC0415
+
+        (actor, learner), algo = prepare_actor_learner(algorithm, run)
+        chunk = min(run.logging.log_every, config.num_updates)
+        al_run = ActorLearnerRun(algo, actor, learner, run.parallel.max_staleness, chunk)
+        al_run.compile(jax.random.key(run.seed))
+        return plan_actor_learner(al_run, algorithm_name(algo_cls), run)
     layout, algo = prepare(algorithm, run)
     chunk = min(run.logging.log_every, config.num_updates)
     sharded = ShardedRun(algo, layout, run.num_seeds, chunk, run.parallel.seed_group)

@@ -29,6 +29,7 @@ from rljax.run.actor_learner import (
 from rljax.run.config import RunConfig
 from rljax.run.evaluation import Evaluation
 from rljax.run.plan import plan_of
+from rljax.run.plan_actor_learner import plan_actor_learner
 from rljax.run.resume import (
     check_compatible,
     describe_changes,
@@ -198,8 +199,10 @@ class Session:
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
         cached = f"; compilation cache {cache}" if cache else ""
         console.line(f"compiled in {sum(seconds.values()):.1f} s ({parts}){cached}")
-        if self.actor_layout is None:  # the memory plan knows one mesh
+        if self.actor_layout is None:
             self.plan = plan_of(self.sharded, self.name, run).check()
+        else:
+            self.plan = plan_actor_learner(self.sharded, self.name, run).check()
 
     def _nothing_to_resume(self, checkpoints: Path) -> TrainingError:
         return TrainingError(

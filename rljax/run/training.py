@@ -30,7 +30,8 @@ hooks: ``train(..., hooks=[Hook(fn, every=10), fn, ...])`` (a plain function run
 * Memory (``rljax.run.plan``): the programs compile before the run directory is touched; their
   memory plan (bytes per device by part, from XLA's memory analysis) goes into ``config.json``
   (``memory_plan``; a resume's record), and a plan over ``--memory-per-device`` (or the device's
-  own limit) stops the run there with ``ConfigError`` naming the figures and a mesh that fits.
+  own limit) stops the run there with ``ConfigError`` naming the figures and a mesh that fits
+  (the actor-learner layout: one plan per mesh, ``rljax.run.plan_actor_learner``).
 * The run directory (``rljax.run.run_dir``): a fresh run never modifies an existing one
   (``ConfigError``; ``overwrite=True`` replaces it after validation), ``run.lock`` keeps a second
   run or resume out while this one is alive, and is released on every exit path.
