@@ -32,10 +32,10 @@ from jax.sharding import PartitionSpec
 
 from rljax.errors import ConfigError
 from rljax.parallel import mesh_spec_of
-from rljax.parallel.candidates import Candidate, candidates
 from rljax.parallel.pipeline import bubble_fraction
 from rljax.run import memory
 from rljax.run.config import RunConfig
+from rljax.run.plan_meshes import suggest
 from rljax.run.sharded import ShardedRun, algorithm_name, prepare, resolve_algorithm
 
 PROGRAM_FIELDS = ("argument", "output", "alias", "temp", "generated_code")
@@ -59,7 +59,8 @@ def program_bytes(compiled) -> dict[str, int]:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Bytes per device of a compiled run. ``state``: per part (``memory.CATEGORIES`` labels);
-    ``programs``: ``program_bytes`` of ``"init"`` and ``"chunk"``; ``largest``: the biggest
+    ``programs``: ``program_bytes`` of ``"init"`` and ``"chunk"`` (of each program of its mesh
+    for an actor-learner run, ``update_program`` the one that updates); ``largest``: the biggest
     state array on a device (``path``, ``shape``, ``dtype``, ``bytes_per_device``); ``budget``:
     bytes a device may use (``None``: no limit known) and where it came from;
     ``suggestion``: over budget, a mesh that would fit and its estimated need, else ``None``
@@ -83,7 +84,7 @@ class Plan:
     hints: tuple[str, ...] = ()
     pipeline: dict[str, Any] | None = None  # stages, microbatches, bubble, stacked_param_bytes
     # The actor-learner layout plans each mesh apart (``rljax.run.plan_actor_learner``): whose
-    # devices these are, the program that updates, and bytes held beside the programs.
+    # devices these are, the program that updates, and the bytes queued beside it.
     role: str = ""
     update_program: str = "chunk"
     beside_programs: int = 0
@@ -94,15 +95,27 @@ class Plan:
 
     @property
     def total(self) -> int:
-        """Bytes one device needs: the biggest program's total, plus what it holds beside."""
-        return max(p["total"] for p in self.programs.values()) + self.beside_programs
+        """Bytes one device needs: the biggest program's total (the updating one's with what is
+        queued beside it)."""
+        return self._needs()[self.peak]
+
+    @property
+    def peak(self) -> str:
+        """The program whose total (with what is queued beside it) is ``total``."""
+        needs = self._needs()
+        return max(needs, key=needs.__getitem__)
+
+    def _needs(self) -> dict[str, int]:
+        beside = {self.update_program: self.beside_programs}
+        return {name: p["total"] + beside.get(name, 0) for name, p in self.programs.items()}
 
     @property
     def fits(self) -> bool:
         return self.budget is None or self.total <= self.budget
 
     def parts(self) -> dict[str, int]:
-        """The state's parts, the gradients and the temporaries (the chunk's), biggest first."""
+        """The state's parts, the gradients and the updating program's temporaries, biggest
+        first."""
         parts = {**self.state, GRADIENTS: self.gradients, TEMPORARIES: self.temporaries}
         return dict(sorted(parts.items(), key=lambda kv: -kv[1]))
 
@@ -156,9 +169,9 @@ class Plan:
                 f"{h(p['argument'])} + outputs {h(p['output'])} - aliased {h(p['alias'])} + "
                 f"temporaries {h(p['temp'])} + code {h(p['generated_code'])})"
             )
-        beside = "  (the biggest program and the queued versions beside it)"
-        beside = beside if self.beside_programs else ""
-        lines.append(f"    {'needed':<26}{h(self.total):>10}{beside}")
+        peak = f"  (the {self.peak} program"
+        peak += " and what is queued beside it)" if self.beside_programs else ")"
+        lines.append(f"    {'needed':<26}{h(self.total):>10}{peak if self.role else ''}")
         if self.pipeline:
             pl = self.pipeline
             lines.append(
@@ -191,7 +204,7 @@ class Plan:
         """One line: what is needed per part against the budget, and a mesh that would fit."""
         h = memory.human
         parts = ", ".join(f"{n} {h(b)}" for n, b in self.parts().items() if b and n != GRADIENTS)
-        peak = max(self.programs, key=lambda name: self.programs[name]["total"])
+        peak = self.peak
         text = (
             f"this run needs {h(self.total)} per device on mesh {self.mesh} (the {peak} "
             f"program; {parts}; gradients {h(self.gradients)} within the temporaries) but "
@@ -294,65 +307,6 @@ def _pipeline(sharded, leaves) -> dict[str, Any] | None:
     }
 
 
-def _on_candidate(leaves, mesh: Candidate) -> dict[str, int]:
-    """Per-device bytes of each state part on ``mesh``: every leaf's shard (a per-replica axis
-    has one entry per replica of ``mesh``)."""
-    out: dict[str, int] = {}
-    for _, field, leaf, spec in leaves:
-        names = tuple(spec) + (None,) * (len(leaf.shape) - len(tuple(spec)))
-        shards = mesh.dim_shards(PartitionSpec(*names))
-        shape = [
-            mesh.shards("replica") if n == "replica" else d
-            for d, n in zip(leaf.shape, names, strict=True)
-        ]
-        nbytes = math.prod(-(-d // s) for d, s in zip(shape, shards, strict=True))
-        name = memory.CATEGORIES.get(field, ("other state", ""))[0]
-        out[name] = out.get(name, 0) + nbytes * memory._itemsize(leaf.dtype)
-    return out
-
-
-def _suggest(sharded, leaves, programs, budget: int) -> tuple[str, int] | None:
-    """A mesh over all available devices that fits ``budget``: the most data-parallel one
-    (cheapest in communication), then the least memory; ``None`` when none does.
-
-    State parts are exact; the chunk's temporaries less the gradients are split like the batch,
-    the gradients and the init program's temporaries like the parameters."""
-    algo, layout = sharded.algo, sharded.layout
-    params_label = memory.CATEGORIES["params"][0]
-    now = _on_candidate(leaves, _current(layout))
-    params_now = max(now.get(params_label, 0), 1)
-    chunk, init = programs["chunk"], programs["init"]
-    working = max(chunk["temp"] - params_now, 0) * layout.shards("batch")
-    # the trip count argument, the metrics buffer (outputs not aliased to the state), code
-    extra = chunk["argument"] - sum(now.values()) + chunk["output"] - chunk["alias"]
-    extra += chunk["generated_code"]
-    fitting = []
-    for mesh in candidates(jax.device_count(), layout.rules):
-        if mesh.sizes == _current(layout).sizes:
-            continue
-        try:
-            type(algo).validate(algo.config, mesh.shards("batch"), mesh.shards("mlp"))
-        except ConfigError:
-            continue
-        if sharded.num_seeds % mesh.shards("seed"):
-            continue
-        parts = _on_candidate(leaves, mesh)
-        state, params = sum(parts.values()), parts.get(params_label, 0)
-        need_chunk = state + working // mesh.shards("batch") + params + extra
-        need_init = state + init["temp"] * params // params_now + init["generated_code"]
-        need = max(need_chunk, need_init)
-        if need <= budget:
-            fitting.append((-mesh.shards("batch"), need, mesh.spec))
-    if not fitting:
-        return None
-    _, need, spec = min(fitting)
-    return spec, need
-
-
-def _current(layout) -> Candidate:
-    return Candidate(tuple((a, int(s)) for a, s in layout.mesh.shape.items()), layout.rules)
-
-
 def plan_of(sharded, algorithm: str, run: RunConfig) -> Plan:
     """The ``Plan`` of a compiled ``ShardedRun`` (``sharded.compile`` has run)."""
     programs = {name: program_bytes(c) for name, c in sharded.compiled.items()}
@@ -385,7 +339,7 @@ def plan_of(sharded, algorithm: str, run: RunConfig) -> Plan:
     if getattr(sharded.algo.config, "compute_dtype", None) == "float32":
         hints += ("--compute-dtype bfloat16",)
     return dataclasses.replace(
-        plan, suggestion=_suggest(sharded, leaves, programs, budget), hints=hints
+        plan, suggestion=suggest(sharded, leaves, programs, budget), hints=hints
     )
 
 
@@ -396,14 +350,9 @@ def plan(algorithm, run: RunConfig | None = None):
     run = run or RunConfig()
     algo_cls, config = resolve_algorithm(algorithm)
     if run.parallel.actor_mesh is not None or run.parallel.learner_mesh is not None:
-        from rljax.run.actor_learner import ActorLearnerRun, prepare_actor_learner  # noqa: PLC0415
-        from rljax.run.plan_actor_learner import plan_actor_learner  # noqa: PLC0415
+        from rljax.run.plan_actor_learner import compile_and_plan  # noqa: PLC0415
 
-        (actor, learner), algo = prepare_actor_learner(algorithm, run)
-        chunk = min(run.logging.log_every, config.num_updates)
-        al_run = ActorLearnerRun(algo, actor, learner, run.parallel.max_staleness, chunk)
-        al_run.compile(jax.random.key(run.seed))
-        return plan_actor_learner(al_run, algorithm_name(algo_cls), run)
+        return compile_and_plan(algorithm, run)
     layout, algo = prepare(algorithm, run)
     chunk = min(run.logging.log_every, config.num_updates)
     sharded = ShardedRun(algo, layout, run.num_seeds, chunk, run.parallel.seed_group)

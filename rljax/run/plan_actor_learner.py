@@ -6,10 +6,12 @@
     p.check()          # ConfigError naming the mesh that does not fit and what to lower
 
 A learner device holds its part of the state (parameters, optimizer and sync state) and runs the
-init and learn programs. An actor device holds the environments, the key chain, the observation
-normaliser and the ``K`` queued parameter versions, and runs the act program. The act program
-takes the oldest queued version as an argument; at its peak the device also holds the other
-``K - 1`` and the learner's newest, resharded for the queue: ``K`` versions beside the program.
+init and learn programs. The actors may run ``K`` rollouts ahead of the learner, so beside the
+learn program (whose argument is one rollout) it can also hold the next ``K`` rollouts. An actor
+device holds the environments, the key chain, the observation normaliser and the ``K`` queued
+parameter versions, and runs the act program. The act program takes the oldest queued version as
+an argument; at its peak the device also holds the other ``K - 1`` and the learner's newest,
+resharded for the queue: ``K`` versions beside the program.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from rljax.errors import ConfigError
 from rljax.parallel import mesh_spec_of
 from rljax.run import memory
 from rljax.run.config import RunConfig
-from rljax.run.plan import Plan, _largest, _param_count, budget_of, program_bytes
+from rljax.run.plan import GRADIENTS, Plan, _largest, _param_count, budget_of, program_bytes
 
 QUEUED = "queued parameters"
+ROLLOUTS = "queued rollouts"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,13 +78,13 @@ class ActorLearnerPlan:
         for side in self.sides:
             if side.fits:
                 continue
-            peak = max(side.programs, key=lambda name: side.programs[name]["total"])
-            parts = ", ".join(f"{n} {h(b)}" for n, b in side.parts().items() if b)
+            parts = side.parts()
+            parts = ", ".join(f"{n} {h(b)}" for n, b in parts.items() if b and n != GRADIENTS)
             flag = f"--{side.role}-mesh"
             lower = ", ".join(side.hints) or "the sizes"
             lines.append(
                 f"the {side.role} devices need {h(side.total)} each on {flag} {side.mesh} (the "
-                f"{peak} program; {parts}) but {side.budget_source} allows "
+                f"{side.peak} program; {parts}) but {side.budget_source} allows "
                 f"{h(side.budget or 0)}; lower {lower}, or give {flag} more devices"
             )
         return "; ".join(lines)
@@ -101,14 +104,43 @@ def _parts(tree) -> dict[str, int]:
     return out
 
 
-def _with_hints(side: Plan, config) -> Plan:
+def _with_hints(side: Plan, config, k: int) -> Plan:
     if side.fits:
         return side
     parts = {**side.state, memory.WORKING: side.temporaries}
     hints = memory._hints(config, parts, 1)
-    if side.role == "actor":  # each queued version is one more copy of the parameters
+    if k:  # each queued version or rollout is one more copy
         hints += ("--max-staleness",)
+    if getattr(config, "compute_dtype", None) == "float32":
+        hints += ("--compute-dtype bfloat16",)
     return dataclasses.replace(side, hints=hints)
+
+
+def compile_and_plan(algorithm, run: RunConfig) -> ActorLearnerPlan:
+    """``rljax.run.plan.plan`` for the actor-learner layout: validate, compile, plan."""
+    from rljax.run.actor_learner import ActorLearnerRun, prepare_actor_learner  # noqa: PLC0415
+    from rljax.run.sharded import algorithm_name, resolve_algorithm  # noqa: PLC0415
+
+    algo_cls, config = resolve_algorithm(algorithm)
+    (actor, learner), algo = prepare_actor_learner(algorithm, run)
+    chunk = min(run.logging.log_every, config.num_updates)
+    al_run = ActorLearnerRun(algo, actor, learner, run.parallel.max_staleness, chunk)
+    al_run.compile(jax.random.key(run.seed))
+    return plan_actor_learner(al_run, algorithm_name(algo_cls), run)
+
+
+def _rollout_bytes(al_run) -> int:
+    """Per learner device: one rollout and its act metrics, resharded onto the learner mesh."""
+    experience, metrics = al_run.compiled["act"].out_info[1:]
+    replicated = al_run.layout.replicated()
+    total = 0
+    for leaves, shardings in (
+        (jax.tree.leaves(experience), jax.tree.leaves(al_run.exp_on_learner)),
+        (jax.tree.leaves(metrics), [replicated] * len(jax.tree.leaves(metrics))),
+    ):
+        for leaf, sharding in zip(leaves, shardings, strict=True):
+            total += memory.shard_bytes(leaf.shape, leaf.dtype, sharding)
+    return total
 
 
 def plan_actor_learner(al_run, algorithm: str, run: RunConfig) -> ActorLearnerPlan:
@@ -134,6 +166,8 @@ def plan_actor_learner(al_run, algorithm: str, run: RunConfig) -> ActorLearnerPl
         if role == "actor" and k:
             state[QUEUED] = queued
             shown["queue"] = abstract.queue
+        if role == "learner" and k:
+            state[ROLLOUTS] = k * _rollout_bytes(al_run)
         local = [d for d in layout.mesh.devices.flat if d.process_index == jax.process_index()]
         budget, source = budget_of(run, local or layout.mesh.devices.flat)
         flat = jax.tree_util.tree_flatten_with_path(shown)[0]
@@ -154,7 +188,7 @@ def plan_actor_learner(al_run, algorithm: str, run: RunConfig) -> ActorLearnerPl
             available_devices=jax.device_count(),
             role=role,
             update_program=names[-1],
-            beside_programs=state.get(QUEUED, 0),
+            beside_programs=state.get(QUEUED if role == "actor" else ROLLOUTS, 0),
         )
-        sides.append(_with_hints(side, config))
+        sides.append(_with_hints(side, config, k))
     return ActorLearnerPlan(sides[0], sides[1], k)

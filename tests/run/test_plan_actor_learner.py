@@ -8,8 +8,9 @@ import pytest
 
 from rljax import ConfigError, PPOConfig, RunConfig
 from rljax.cli import main
+from rljax.parallel.actor_learner import reshard
 from rljax.run.actor_learner import ActorLearnerRun, prepare_actor_learner
-from rljax.run.plan_actor_learner import QUEUED, plan_actor_learner
+from rljax.run.plan_actor_learner import QUEUED, ROLLOUTS, plan_actor_learner
 
 TINY = PPOConfig(
     num_envs=4, num_steps=8, total_timesteps=4 * 8 * 4, num_minibatches=2, update_epochs=1,
@@ -57,15 +58,33 @@ def test_each_mesh_has_its_programs_and_its_part_of_the_state(compiled):
     assert learner.state["parameters"] == on_device(state.learner.params, lead) > 0
     assert learner.state["optimizer state"] == on_device(state.learner.opt_state, lead)
     assert "environments" not in learner.state and learner.gradients > 0
-    assert learner.total == max(prog["total"] for prog in learner.programs.values())
+    # Beside learn the learner may hold the K = 2 rollouts the actors ran ahead.
+    fresh = al_run.init(jax.random.key(1))
+    _, experience, metrics = al_run.compiled["act"](fresh.actor, fresh.queue[0], fresh.versions[0])
+    rollout = reshard((experience, metrics), (al_run.exp_on_learner, al_run.layout.replicated()))
+    assert learner.state[ROLLOUTS] == 2 * on_device(rollout, lead) > 0
+    assert learner.total == max(
+        learner.programs["init"]["total"],
+        learner.programs["learn"]["total"] + 2 * on_device(rollout, lead),
+    )
     # The actors' part: environments and K = 2 queued parameter versions, no optimizer.
     first = al_run.actor_layout.mesh.devices.flat[0]
     assert actor.state["environments"] == on_device(state.actor.env, first) > 0
     assert actor.state[QUEUED] == on_device(state.queue, first) > 0
     assert actor.state[QUEUED] == 2 * on_device(state.queue[0], first)
     assert "optimizer state" not in actor.state and actor.gradients == 0
-    # act takes one version; beside it the device holds the other and the learner's newest.
-    assert actor.total == actor.programs["act"]["total"] + actor.state[QUEUED]
+    # act takes one version (its arguments: the actor state, one version, the version number);
+    # beside it the device holds the other and the learner's newest.
+    act = actor.programs["act"]
+    one_version = on_device(state.queue[0], first)
+    assert act["argument"] == on_device(state.actor, first) + one_version + 4
+    assert actor.total == act["total"] + 2 * one_version
+    # Both programs donate their side's state: a device holds one copy of it.
+    assert act["alias"] == on_device(state.actor, first) > 0
+    assert (
+        learner.programs["learn"]["alias"]
+        >= learner.state["parameters"] + learner.state["optimizer state"]
+    )
     assert p.total == max(learner.total, actor.total) and p.fits
     assert learner.param_count == sum(x.size for x in jax.tree.leaves(state.learner.params))
     figures = p.as_dict()
@@ -74,7 +93,7 @@ def test_each_mesh_has_its_programs_and_its_part_of_the_state(compiled):
     table = p.table()
     assert "learner mesh data=1,model=2, actor mesh data=2,model=1" in table
     assert "memory plan (actor devices)" in table and "(act program)" in table
-    assert "the biggest program and the queued versions beside it" in table
+    assert "(the act program and what is queued beside it)" in table
 
 
 def test_the_mesh_over_its_budget_is_named_with_what_to_lower(compiled):
