@@ -170,7 +170,8 @@ class Plan:
                 f"temporaries {h(p['temp'])} + code {h(p['generated_code'])})"
             )
         peak = f"  (the {self.peak} program"
-        peak += " and what is queued beside it)" if self.beside_programs else ")"
+        queued = self.beside_programs and self.peak == self.update_program
+        peak += " and what is queued beside it)" if queued else ")"
         lines.append(f"    {'needed':<26}{h(self.total):>10}{peak if self.role else ''}")
         if self.pipeline:
             pl = self.pipeline

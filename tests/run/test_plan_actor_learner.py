@@ -94,6 +94,8 @@ def test_each_mesh_has_its_programs_and_its_part_of_the_state(compiled):
     assert "learner mesh data=1,model=2, actor mesh data=2,model=1" in table
     assert "memory plan (actor devices)" in table and "(act program)" in table
     assert "(the act program and what is queued beside it)" in table
+    peak = "learn program and what is queued beside it" if learner.peak == "learn" else "init"
+    assert f"(the {peak}" in table.split("memory plan (actor")[0]
 
 
 def test_the_mesh_over_its_budget_is_named_with_what_to_lower(compiled):
