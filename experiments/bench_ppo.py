@@ -107,8 +107,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         choices=["rljax", "ceiling", "purejaxrl", "purejaxrl-O2"],
         default=["rljax", "ceiling", "purejaxrl"],
-        help="rows of the single group (e.g. rljax alone for 1,024 seeds, where the PureJaxRL "
-        "port's vmapped init deadlocks); purejaxrl-O2: the port compiled with rljax's CPU "
+        help="rows of the single group (e.g. rljax alone for 1,024 seeds); purejaxrl-O2: the "
+        "port compiled with rljax's CPU "
         "compiler options (LLVM -O2, rljax.run.compile_cache.CPU_OPTIONS)",
     )
     p.add_argument(

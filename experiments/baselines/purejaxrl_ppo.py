@@ -31,6 +31,12 @@ Changes relative to the original, all API updates with no intended cost change:
 * ``LogEnvState`` counters are initialised with explicitly typed zeros (the original's
   Python ``0`` literals relied on weak-type promotion in ``lax.scan``).
 * ``make_train`` copies ``config`` instead of mutating the caller's dict.
+* Under ``vmap`` (several seeds) the network's parameters are drawn one seed at a time
+  (``jax.custom_batching.sequential_vmap``; the same numbers). Vmapped, the orthogonal
+  initialisers become a batched LAPACK QR, and jaxlib 0.10's CPU kernel for it deadlocks at
+  random on two cores: two QRs run at once, each waiting in ``ParallelBatchMap`` for a pool
+  thread the other holds (seen at 2 and 8 seeds on 2026-12-07, at 64 seeds before). rljax
+  draws its seeds' parameters the same way.
 
 Run ``python -m experiments.baselines.purejaxrl_ppo`` for a 1-seed and an 8-seed
 (``vmap``) timing on CartPole-v1 with compile time reported separately.
@@ -234,7 +240,9 @@ def make_train(config):
         network = ActorCritic(env.action_space(env_params).n, activation=config["ACTIVATION"])
         rng, _rng = jax.random.split(rng)
         init_x = jnp.zeros(env.observation_space(env_params).shape)
-        network_params = network.init(_rng, init_x)
+        # One seed at a time under vmap (the same numbers): see the module docstring.
+        init = jax.custom_batching.sequential_vmap(lambda k: network.init(k, init_x))
+        network_params = init(_rng)
         if config["ANNEAL_LR"]:
             tx = optax.chain(
                 optax.clip_by_global_norm(config["MAX_GRAD_NORM"]),
