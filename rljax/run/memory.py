@@ -153,12 +153,20 @@ def state_bytes(algo, layout, num_seeds: int = 1) -> dict[str, int]:
     abstract = jax.eval_shape(algo.init, jax.random.key(0))
     shardings = state_shardings(algo, layout, num_seeds)
     seeds = (num_seeds,) if num_seeds > 1 else ()
-    out: dict[str, int] = {}
     leaves = jax.tree_util.tree_flatten_with_path(abstract)[0]
-    for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings), strict=True):
+    return bytes_by_part(
+        (path, seeds + tuple(leaf.shape), leaf.dtype, sharding)
+        for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings), strict=True)
+    )
+
+
+def bytes_by_part(leaves) -> dict[str, int]:
+    """``(path, shape, dtype, sharding)`` leaves -> one device's bytes of each part, by the
+    ``CATEGORIES`` label of the path's top-level field ("other state" for the rest)."""
+    out: dict[str, int] = {}
+    for path, shape, dtype, sharding in leaves:
         name = CATEGORIES.get(_field(path), ("other state", ""))[0]
-        nbytes = shard_bytes(seeds + tuple(leaf.shape), leaf.dtype, sharding)
-        out[name] = out.get(name, 0) + nbytes
+        out[name] = out.get(name, 0) + shard_bytes(shape, dtype, sharding)
     return out
 
 

@@ -231,12 +231,13 @@ class Plan:
 
 
 # -- building a plan ------------------------------------------------------------------------------
-def budget_of(run: RunConfig, devices) -> tuple[int | None, str | None]:
-    """``(bytes, source)``: ``--memory-per-device``, else the devices' smallest ``bytes_limit``
-    (GPU/TPU), else ``(None, None)`` (CPU)."""
+def budget_of(run: RunConfig, mesh) -> tuple[int | None, str | None]:
+    """``(bytes, source)``: ``--memory-per-device``, else the smallest ``bytes_limit`` of this
+    process's devices of ``mesh`` (GPU/TPU), else ``(None, None)`` (CPU)."""
     if run.parallel.memory_per_device is not None:
         return memory.parse_bytes(run.parallel.memory_per_device), "--memory-per-device"
-    limit, shared_host = memory.device_bytes(devices)
+    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    limit, shared_host = memory.device_bytes(local or list(mesh.devices.flat))
     if shared_host or limit is None:
         return None, None
     return limit, "the device's memory limit"
@@ -314,8 +315,7 @@ def plan_of(sharded, algorithm: str, run: RunConfig) -> Plan:
     leaves = _leaves(sharded)
     layout = sharded.layout
     state = memory.state_bytes(sharded.algo, layout, sharded.num_seeds)
-    local = [d for d in layout.mesh.devices.flat if d.process_index == jax.process_index()]
-    budget, source = budget_of(run, local or layout.mesh.devices.flat)
+    budget, source = budget_of(run, layout.mesh)
     plan = Plan(
         algorithm=algorithm,
         env=str(getattr(sharded.algo.config, "env", "")),
@@ -335,13 +335,21 @@ def plan_of(sharded, algorithm: str, run: RunConfig) -> Plan:
     )
     if plan.fits:
         return plan
-    parts = {**state, memory.WORKING: plan.temporaries}
-    hints = memory._hints(sharded.algo.config, parts, sharded.num_seeds)
-    if getattr(sharded.algo.config, "compute_dtype", None) == "float32":
-        hints += ("--compute-dtype bfloat16",)
     return dataclasses.replace(
-        plan, suggestion=suggest(sharded, leaves, programs, budget), hints=hints
+        plan,
+        suggestion=suggest(sharded, leaves, programs, budget),
+        hints=lowering_hints(plan, sharded.algo.config),
     )
+
+
+def lowering_hints(plan: Plan, config) -> tuple[str, ...]:
+    """The flags that shrink ``plan``'s biggest parts (``memory._hints``), then bfloat16
+    matmuls where the run computes in float32."""
+    parts = {**plan.state, memory.WORKING: plan.temporaries}
+    hints = memory._hints(config, parts, plan.num_seeds)
+    if getattr(config, "compute_dtype", None) == "float32":
+        hints += ("--compute-dtype bfloat16",)
+    return hints
 
 
 def plan(algorithm, run: RunConfig | None = None):

@@ -26,7 +26,15 @@ from rljax.errors import ConfigError
 from rljax.parallel import mesh_spec_of
 from rljax.run import memory
 from rljax.run.config import RunConfig
-from rljax.run.plan import GRADIENTS, Plan, _largest, _param_count, budget_of, program_bytes
+from rljax.run.plan import (
+    GRADIENTS,
+    Plan,
+    _largest,
+    _param_count,
+    budget_of,
+    lowering_hints,
+    program_bytes,
+)
 
 QUEUED = "queued parameters"
 ROLLOUTS = "queued rollouts"
@@ -97,23 +105,15 @@ class ActorLearnerPlan:
 
 def _parts(tree) -> dict[str, int]:
     """Per-device bytes of ``tree``'s leaves (``ShapeDtypeStruct`` with shardings) by part."""
-    out: dict[str, int] = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        name = memory.CATEGORIES.get(memory._field(path), ("other state", ""))[0]
-        out[name] = out.get(name, 0) + memory.shard_bytes(leaf.shape, leaf.dtype, leaf.sharding)
-    return out
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return memory.bytes_by_part((p, x.shape, x.dtype, x.sharding) for p, x in leaves)
 
 
 def _with_hints(side: Plan, config, k: int) -> Plan:
     if side.fits:
         return side
-    parts = {**side.state, memory.WORKING: side.temporaries}
-    hints = memory._hints(config, parts, 1)
-    if k:  # each queued version or rollout is one more copy
-        hints += ("--max-staleness",)
-    if getattr(config, "compute_dtype", None) == "float32":
-        hints += ("--compute-dtype bfloat16",)
-    return dataclasses.replace(side, hints=hints)
+    staleness = ("--max-staleness",) if k else ()  # each queued version or rollout is a copy
+    return dataclasses.replace(side, hints=lowering_hints(side, config) + staleness)
 
 
 def compile_and_plan(algorithm, run: RunConfig) -> ActorLearnerPlan:
@@ -168,8 +168,7 @@ def plan_actor_learner(al_run, algorithm: str, run: RunConfig) -> ActorLearnerPl
             shown["queue"] = abstract.queue
         if role == "learner" and k:
             state[ROLLOUTS] = k * _rollout_bytes(al_run)
-        local = [d for d in layout.mesh.devices.flat if d.process_index == jax.process_index()]
-        budget, source = budget_of(run, local or layout.mesh.devices.flat)
+        budget, source = budget_of(run, layout.mesh)
         flat = jax.tree_util.tree_flatten_with_path(shown)[0]
         side = Plan(
             algorithm=algorithm,
