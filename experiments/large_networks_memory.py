@@ -41,7 +41,8 @@ set_num_cpu_devices(8)  # also one OpenBLAS thread per device: the orthogonal in
 from experiments.bench_harness import log, machine_line, markdown_table, write_report  # noqa: E402
 from rljax import PPOConfig, RunConfig, train  # noqa: E402
 from rljax.parallel import Layout, make_mesh  # noqa: E402
-from rljax.run.plan import plan_of  # noqa: E402
+from rljax.run import compile_cache  # noqa: E402
+from rljax.run.plan import plan_of, program_bytes  # noqa: E402
 from rljax.run.sharded import ShardedRun  # noqa: E402
 
 SIZES = {"10M": 400, "100M": 1280, "1B": 4000}
@@ -73,6 +74,15 @@ def measure(size: str, width: int, layout: str) -> dict:
     p = plan_of(sharded, "ppo", RunConfig.make(mesh=layout))
     d = p.as_dict()
     b = d["bytes_per_device"]
+    # The same init under XLA CPU's default scheduler, which rljax's init options replace
+    # (compile_cache.INIT_OPTIONS): what a device needed before.
+    with sharded.layout.active():
+        default_init = jax.jit(
+            sharded.algo.init,
+            out_shardings=sharded.state_shardings,
+            compiler_options=compile_cache.CPU_OPTIONS,
+        )
+        default_init = program_bytes(default_init.lower(jax.random.key(0)).compile())
     state = sum(b["state"].values())
     row = {
         "size": size,
@@ -86,6 +96,10 @@ def measure(size: str, width: int, layout: str) -> dict:
         "temporaries": b["temporaries"],
         "state": state,
         "needed": b["total"],
+        "init": b["programs"]["init"]["total"],
+        "update": b["programs"]["chunk"]["total"],
+        "init_default_scheduler": default_init["total"],
+        "needed_default_scheduler": max(default_init["total"], b["programs"]["chunk"]["total"]),
         "largest": f"{d['largest_array']['path']} {d['largest_array']['shape']}",
         "compile_s": time.perf_counter() - t0,
     }
@@ -198,7 +212,11 @@ def main(argv=None) -> int:
             ("grads MiB", "gradients", "mib"),
             ("temporaries MiB", "temporaries", "mib"),
             ("state MiB", "state", "mib"),
+            ("init MiB", "init", "mib"),
+            ("update MiB", "update", "mib"),
             ("needed MiB", "needed", "mib"),
+            ("init MiB, XLA's default scheduler", "init_default_scheduler", "mib"),
+            ("needed MiB, XLA's default scheduler", "needed_default_scheduler", "mib"),
             ("compile s", "compile_s", "{:.1f}"),
         ]
         table_rows = [
@@ -214,8 +232,11 @@ def main(argv=None) -> int:
             f" towers depth {DEPTH}, expansion 4; PPO 64 envs x 16 steps, 4 minibatches. Figures"
             " per device"
             " from `rljax.run.plan` (state shards; XLA memory analysis of the compiled programs);"
-            " gradients are inside the temporaries, not added. 'needed' = arguments + outputs -"
-            " aliased + temporaries + code of the bigger program.",
+            " gradients are inside the temporaries, not added. 'init' and 'update': arguments +"
+            " outputs - aliased + temporaries + code of each program; 'needed': the bigger one."
+            " The last two columns compile the same init under XLA CPU's default scheduler"
+            " instead of the memory-optimized one rljax gives init programs"
+            " (`rljax.run.compile_cache.INIT_OPTIONS`).",
             "",
             table,
             "",

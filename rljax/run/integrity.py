@@ -225,7 +225,24 @@ def nonfinite_counts(state) -> jax.Array:
         total = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(bad, dtype=jnp.int32)])
         ends = np.cumsum(sizes)
         return total[ends] - total[ends - np.asarray(sizes)]
-    return jnp.stack([jnp.count_nonzero(~jnp.isfinite(x)).astype(jnp.int32) for x in leaves])
+    return jnp.stack([_count_nonfinite(x) for x in leaves])
+
+
+# Leaves past this many values are counted only when their sum is not finite (below).
+COUNT_IF_FLAGGED = 2**16
+
+
+def _count_nonfinite(x) -> jax.Array:
+    """NaN/inf values in ``x``, ``int32 []``. On CPU, XLA writes the tested values out before it
+    reduces them: one int32 copy of every leaf, all live together at the chunk's end (a 10M-
+    parameter state on one device needed 117.5 instead of 78.4 MiB of temporaries). So a large
+    leaf is counted only if its sum, which reads the leaf in place, is not finite. A NaN or inf
+    always makes the sum NaN or inf; finite values whose sum overflows only cost the count.
+    (Not max and min: XLA's CPU reductions may drop a NaN.)"""
+    count = lambda x: jnp.count_nonzero(~jnp.isfinite(x)).astype(jnp.int32)  # noqa: E731
+    if x.size <= COUNT_IF_FLAGGED:
+        return count(x)
+    return jax.lax.cond(jnp.isfinite(jnp.sum(x)), lambda x: jnp.int32(0), count, x)
 
 
 def describe_nonfinite(named_sizes, counts) -> list[str]:

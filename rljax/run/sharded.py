@@ -159,9 +159,10 @@ class ShardedRun:
             self._init = functools.partial(jax.lax.map, algo.init)
         else:
             self._update, self._init = algo.update, algo.init
-        jit = self._jit = compile_cache.jit_for(mesh)
-        self._init_jit = jit(self._init_from_seed_key, out_shardings=self.state_shardings)
-        self._init_params_jit = jit(self._init_from_params, out_shardings=self.state_shardings)
+        jit = compile_cache.jit_for(mesh)
+        init_jit = self._init_jit_of = compile_cache.jit_for(mesh, "init")
+        self._init_jit = init_jit(self._init_from_seed_key, out_shardings=self.state_shardings)
+        self._init_params_jit = init_jit(self._init_from_params, out_shardings=self.state_shardings)
         # Metrics replicated: every process can read them (multi-host) without a gather.
         replicated = NamedSharding(mesh, PartitionSpec())
         self._chunk_jit = jit(
@@ -184,7 +185,7 @@ class ShardedRun:
                 state = self._init(keys)
                 return state.replace(hparams={**state.hparams, **hparams})
 
-            self._init_members_jit = self._jit(init, out_shardings=self.state_shardings)
+            self._init_members_jit = self._init_jit_of(init, out_shardings=self.state_shardings)
         with self.layout.active():
             return self._init_members_jit(*replicate(self.mesh, (keys, hparams)))
 

@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from rljax.parallel import make_mesh
 from rljax.run.integrity import (
+    COUNT_IF_FLAGGED,
     FORMAT_VERSION,
     MANIFEST_NAME,
     agree,
@@ -172,6 +173,33 @@ def test_nonfinite_counts_on_one_device_match_numpy():
     np.testing.assert_array_equal(counted, expected)
     np.testing.assert_array_equal(jax.jit(nonfinite_counts)(state), expected)  # per leaf
     assert "cumsum" not in str(jax.make_jaxpr(nonfinite_counts)(state))
+
+
+def test_nonfinite_counts_of_large_leaves_match_numpy():
+    # Past COUNT_IF_FLAGGED values a leaf is counted only when its sum is not finite: NaN alone,
+    # +inf alone, -inf alone, all three, and finite float16 values whose sum overflows.
+    n = COUNT_IF_FLAGGED + 7
+    rng = np.random.default_rng(0)
+
+    def leaf(bad, dtype=np.float32):
+        x = rng.standard_normal(n).astype(dtype)
+        for value, count in bad:
+            x[rng.choice(n, count, replace=False)] = value
+        return x
+
+    host = {
+        "nan": leaf([(np.nan, 3)]),
+        "pos_inf": leaf([(np.inf, 1)]),
+        "neg_inf": leaf([(-np.inf, 2)], np.float16),
+        "all": leaf([(np.nan, 5), (np.inf, 4), (-np.inf, 6)]),
+        "finite": np.full(n, np.finfo(np.float16).max, np.float16),
+        "small": np.array([np.nan, 1.0], np.float32),
+    }
+    expected = [3, 1, 2, 15, 0, 1]  # nonfinite_counts' order: the state's sorted keys
+    expected = [dict(zip(host, expected, strict=True))[k] for k in sorted(host)]
+    state = jax.tree.map(jnp.asarray, host)
+    np.testing.assert_array_equal(jax.jit(nonfinite_counts)(state), expected)
+    assert "cond" in str(jax.make_jaxpr(nonfinite_counts)(state))
 
 
 def test_single_process_agreement():
