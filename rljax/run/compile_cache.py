@@ -114,7 +114,7 @@ def compiler_options(mesh, program: str = "update") -> dict | None:
 def _knows(option: str, value) -> bool:
     """This XLA accepts ``option=value`` for a CPU program (an unknown option fails a compile)."""
     try:
-        one = jax.device_put(0, jax.devices("cpu")[0])
+        one = jax.device_put(0, jax.local_devices(backend="cpu")[0])
         jax.jit(lambda x: x + 1).lower(one).compile(compiler_options={option: value})
     except jax.errors.JaxRuntimeError:
         return False

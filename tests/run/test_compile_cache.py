@@ -108,6 +108,9 @@ def test_cpu_programs_compile_at_llvm_o2_unless_xla_flags_set_the_level(monkeypa
     assert compile_cache.compiler_options(mesh, "init") == compile_cache.INIT_OPTIONS
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_DEFAULT")
     assert compile_cache.compiler_options(mesh, "init") == compile_cache.CPU_OPTIONS
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setattr(compile_cache, "INIT_OPTIONS", {"xla_cpu_no_such_option": True})
+    assert compile_cache.compiler_options(mesh, "init") == compile_cache.CPU_OPTIONS  # unknown
 
 
 def test_init_compiles_for_memory_the_same_state_in_fewer_bytes(monkeypatch):
@@ -118,9 +121,8 @@ def test_init_compiles_for_memory_the_same_state_in_fewer_bytes(monkeypatch):
         num_envs=8, num_steps=4, num_minibatches=1, total_timesteps=32,
     )  # fmt: skip
     layout, algo = prepare(config, RunConfig.make(mesh="fsdp=4", eval_every=0, quiet=True))
-    assert compile_cache.compiler_options(layout.mesh, "init")["xla_cpu_scheduler_type"] == (
-        "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
-    )
+    if "xla_cpu_scheduler_type" not in (compile_cache.compiler_options(layout.mesh, "init") or {}):
+        pytest.skip("this XLA has no xla_cpu_scheduler_type, or XLA_FLAGS sets it")
     states, temps = {}, {}
     for name, init_options in (("rljax", compile_cache.INIT_OPTIONS), ("default", {})):
         monkeypatch.setattr(compile_cache, "INIT_OPTIONS", init_options)
