@@ -44,6 +44,7 @@ from jax.sharding import PartitionSpec
 from rljax.errors import ConfigError, describe_os_error
 from rljax.parallel import Layout
 from rljax.parallel.rules import prepend_axis, rules_with
+from rljax.run import compile_cache
 from rljax.run.config import RunConfig, resumable_fields
 from rljax.run.sharded import ShardedRun
 
@@ -330,7 +331,7 @@ def restore_step(ckpt, step: int, sharded_run):
     specs = old_algo.state_specs()
     if sharded_run.num_seeds > 1:
         specs = prepend_axis(specs, "seed")
-    resize = jax.jit(
+    resize = compile_cache.jit_for(layout.mesh, "init")(  # it builds a state, as init does
         lambda s: resize_replicas(s, specs, algo.replicas),
         out_shardings=sharded_run.state_shardings,
     )
