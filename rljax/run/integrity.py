@@ -238,8 +238,9 @@ def _count_nonfinite(x) -> jax.Array:
     parameter state on one device needed 117.5 instead of 78.4 MiB of temporaries). So a large
     leaf is counted only if its sum, which reads the leaf in place, is not finite. A NaN or inf
     always makes the sum NaN or inf; finite values whose sum overflows only cost the count.
-    (Not max and min: XLA's CPU reductions may drop a NaN.) Elsewhere XLA fuses the count into
-    its reduction, and a conditional would wait for its predicate on the host."""
+    (Not max and min: XLA's CPU reductions may drop a NaN, openxla/xla#21461.) Elsewhere XLA
+    fuses the count into its reduction, and a conditional would wait for its predicate on the
+    host."""
     count = lambda x: jnp.count_nonzero(~jnp.isfinite(x)).astype(jnp.int32)  # noqa: E731
     if x.size <= COUNT_IF_FLAGGED or jax.default_backend() != "cpu":
         return count(x)
