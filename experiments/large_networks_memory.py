@@ -80,7 +80,7 @@ def measure(size: str, width: int, layout: str) -> dict:
         default_init = jax.jit(
             sharded.algo.init,
             out_shardings=sharded.state_shardings,
-            compiler_options=compile_cache.CPU_OPTIONS,
+            compiler_options=compile_cache.compiler_options(sharded.mesh),  # the update's
         )
         default_init = program_bytes(default_init.lower(jax.random.key(0)).compile())
     state = sum(b["state"].values())

@@ -23,6 +23,7 @@ from rljax.run.run_log import read_metrics
 from rljax.tools.evaluate import EvalArgs, evaluate_run
 from rljax.tools.runs import load_run
 from tests.run.kill import kill_after_checkpoint
+from tests.run.trees import host_state
 
 TINY = PPOConfig(
     num_envs=4, num_steps=8, total_timesteps=4 * 8 * 12, num_minibatches=2, update_epochs=2,
@@ -128,10 +129,7 @@ def restored(run_dir):
     run = ActorLearnerRun(PPO(config), actor, learner, max_staleness=1)
     with Checkpointer(Path(run_dir) / "checkpoints") as ckpt:
         step, state, _ = ckpt.restore_latest(run.abstract_state())
-    key_data = lambda x: (  # noqa: E731
-        jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
-    )
-    return step, jax.device_get(jax.tree.map(key_data, state))
+    return step, host_state(state)
 
 
 def untimed(rows):

@@ -28,6 +28,7 @@ from rljax.run.resume import abstract_state
 from rljax.run.run_log import read_metrics
 from rljax.run.sharded import ShardedRun
 from tests.run.kill import kill_after_checkpoint
+from tests.run.trees import host_state
 
 SMALL = PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 8, num_minibatches=2)
 
@@ -42,11 +43,7 @@ def restored(run_dir, config, mesh_spec, replicas):
     run = ShardedRun(PPO(config, replicas=replicas), make_mesh(mesh_spec))
     with Checkpointer(Path(run_dir) / "checkpoints") as ckpt:
         step, state, meta = ckpt.restore_latest(abstract_state(run))
-    return step, jax.device_get(jax.tree.map(_key_data, state)), meta
-
-
-def _key_data(x):
-    return jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+    return step, host_state(state), meta
 
 
 # -- processes ------------------------------------------------------------------------------------
@@ -155,7 +152,7 @@ def saved_run(tmp_path_factory):
     """8 updates on data=2,model=2 with checkpoints at 4 and 8."""
     tmp_path = tmp_path_factory.mktemp("saved")
     result = run_small(tmp_path, "base")
-    return tmp_path / "base", jax.device_get(jax.tree.map(_key_data, result.state))
+    return tmp_path / "base", host_state(result.state)
 
 
 @pytest.mark.parametrize("mesh", ["data=1,model=4", "data=4,model=1", "data=1,model=1"])
