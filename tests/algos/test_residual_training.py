@@ -31,8 +31,12 @@ def test_a2c_with_a_residual_network_learns_cartpole():
 
 def test_dqn_with_a_residual_network_learns_cartpole():
     """30,000 steps (DQN's default is 500,000): epsilon 1 -> 0.05 over the first 10,000, a gradient
-    step of 64 transitions every 10 env steps from step 1,000: the last 10 updates (5,000 steps)
-    average at least 150 (seeds 0-4 gave 185-331)."""
+    step of 64 transitions every 10 env steps from step 1,000. Two seeds (keys split from key 0),
+    vmapped in one jit: over the last 10 updates (5,000 steps) they average at least 150, and
+    each reaches at least 100 (209 and 256 on an AMD EPYC with AVX-512).
+
+    One seed's return depends on the CPU XLA compiles for: keys 0-4 alone gave 185-331 on the
+    project's earlier host, and keys 0-7 gave 144-319 on the EPYC (key 0 alone: 144)."""
     config = DQNConfig(
         **RESIDUAL,
         total_timesteps=30_000,
@@ -41,7 +45,13 @@ def test_dqn_with_a_residual_network_learns_cartpole():
         batch_size=64,
         lr=5e-4,
     )
-    _, metrics = jitted_updates(DQN(config), jax.random.key(0), config.num_updates)
-    final = float(metrics["episode_return"][-10:].mean())
-    assert final >= 150, f"mean return over the last 10 updates: {final}"
-    assert metrics["optimizer_steps"][-1] > 0 and np.isfinite(np.asarray(metrics["loss"])).all()
+    algo = DQN(config)
+
+    def run(key):
+        return jax.lax.scan(lambda s, _: algo.update(s), algo.init(key), length=config.num_updates)
+
+    _, metrics = jax.jit(jax.vmap(run))(jax.random.split(jax.random.key(0), 2))
+    final = np.asarray(metrics["episode_return"][:, -10:].mean(axis=1))  # [seeds]
+    assert final.mean() >= 150 and final.min() >= 100, f"per seed, last 10 updates: {final}"
+    assert (metrics["optimizer_steps"][:, -1] > 0).all()
+    assert np.isfinite(np.asarray(metrics["loss"])).all()
