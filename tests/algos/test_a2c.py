@@ -10,17 +10,9 @@ import pytest
 from rljax import A2C, A2CConfig, ConfigError, RunConfig
 from rljax.algos import ALGORITHMS, algorithm_for
 from rljax.run.sharded import ShardedRun, prepare
+from tests.algos.updates import jitted_updates
 
 TINY = A2CConfig(num_envs=8, num_steps=8, total_timesteps=8 * 8 * 4, actor_widths=(16, 16))
-
-
-def jitted_updates(algo, key, num_updates):
-    """``algo.init`` and ``num_updates`` updates in one ``jax.lax.scan``: one jit, one device."""
-
-    def run(key):
-        return jax.lax.scan(lambda s, _: algo.update(s), algo.init(key), length=num_updates)
-
-    return jax.jit(run)(key)
 
 
 def test_a2c_learns_cartpole():

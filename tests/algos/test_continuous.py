@@ -14,6 +14,7 @@ from rljax import A2C, DQN, PPO, A2CConfig, ConfigError, DQNConfig, PPOConfig
 from rljax.envs import CONTINUOUS_ENVS, BatchedEnv
 from rljax.networks import distributions
 from rljax.run.sharded import ShardedRun
+from tests.algos.updates import jitted_updates
 
 TINY = PPOConfig(
     env="Pendulum-v1",
@@ -39,15 +40,6 @@ LEARN = PPOConfig(
     anneal_lr=False,
     total_timesteps=300_000,
 )
-
-
-def jitted_updates(algo, key, num_updates):
-    """``algo.init`` and ``num_updates`` updates in one ``jax.lax.scan``: one jit, one device."""
-
-    def run(key):
-        return jax.lax.scan(lambda s, _: algo.update(s), algo.init(key), length=num_updates)
-
-    return jax.jit(run)(key)
 
 
 @pytest.mark.parametrize("name", CONTINUOUS_ENVS)

@@ -17,6 +17,7 @@ from rljax.algos.recurrent import RecurrentPPO
 from rljax.run.checkpoint import Checkpointer, abstract_of
 from rljax.run.evaluation import Evaluator
 from rljax.run.sharded import ShardedRun
+from tests.algos.updates import jitted_updates
 
 TINY = PPOConfig(
     env="CartPole-v1-po",
@@ -29,15 +30,6 @@ TINY = PPOConfig(
     num_minibatches=2,
     total_timesteps=8 * 32 * 4,
 )
-
-
-def jitted_updates(algo, key, num_updates):
-    """``num_updates`` updates from ``algo.init(key)`` in one jit; keys ``[S]``: vmapped seeds."""
-
-    def run(key):
-        return jax.lax.scan(lambda s, _: algo.update(s), algo.init(key), length=num_updates)
-
-    return jax.jit(jax.vmap(run) if key.shape else run)(key)
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,9 @@ import jax
 import numpy as np
 
 from rljax import A2C, DQN, A2CConfig, DQNConfig
+from tests.algos.updates import jitted_updates
 
 RESIDUAL = dict(network="residual", residual_width=64, residual_depth=1, residual_expansion=2)
-
-
-def jitted_updates(algo, key, num_updates):
-    """``algo.init`` and ``num_updates`` updates in one ``jax.lax.scan``: one jit, one device."""
-
-    def run(key):
-        return jax.lax.scan(lambda s, _: algo.update(s), algo.init(key), length=num_updates)
-
-    return jax.jit(run)(key)
 
 
 def test_a2c_with_a_residual_network_learns_cartpole():
@@ -45,12 +37,8 @@ def test_dqn_with_a_residual_network_learns_cartpole():
         batch_size=64,
         lr=5e-4,
     )
-    algo = DQN(config)
-
-    def run(key):
-        return jax.lax.scan(lambda s, _: algo.update(s), algo.init(key), length=config.num_updates)
-
-    _, metrics = jax.jit(jax.vmap(run))(jax.random.split(jax.random.key(0), 2))
+    keys = jax.random.split(jax.random.key(0), 2)
+    _, metrics = jitted_updates(DQN(config), keys, config.num_updates)
     final = np.asarray(metrics["episode_return"][:, -10:].mean(axis=1))  # [seeds]
     assert final.mean() >= 150 and final.min() >= 100, f"per seed, last 10 updates: {final}"
     assert (metrics["optimizer_steps"][:, -1] > 0).all()
