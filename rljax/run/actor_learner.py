@@ -154,8 +154,10 @@ class ActorLearnerRun:
             (actor.replicated(),) * max_staleness,
         )
         jit, init_jit = compile_cache.jit_for(self.mesh), compile_cache.jit_for(self.mesh, "init")
-        self._init_jit = init_jit(algo.init, out_shardings=self.full_shardings)
-        self._init_params_jit = init_jit(algo.init, out_shardings=self.full_shardings)
+        # One jit for both signatures; compile() replaces _init_jit with the key-only program.
+        self._init_jit = self._init_params_jit = init_jit(
+            algo.init, out_shardings=self.full_shardings
+        )
         abstract = self.abstract_state()
         acted = jax.eval_shape(self._act, abstract.actor, abstract.learner.params, jnp.int32(0))
         exp_specs = experience_specs(acted[1])
