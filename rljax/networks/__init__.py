@@ -1,6 +1,6 @@
 """Flax networks with logically-named, tensor-parallel parameters."""
 
-from rljax.networks import distributions
+from rljax.networks import distributions, matmul
 from rljax.networks.mlp import (
     ACTIVATIONS,
     ActorCritic,
@@ -22,4 +22,5 @@ __all__ = [
     "ResidualTower",
     "check_tensor_parallel",
     "distributions",
+    "matmul",
 ]

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.errors import ConfigError
+from rljax.networks import matmul
 from rljax.parallel.rules import constrain
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu, "silu": nn.silu}
@@ -107,6 +108,7 @@ def dense(
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), bias_axes),
         dtype=dtype,
         param_dtype=param_dtype,
+        dot_general=matmul.dot_general,
         name=name,
         **kwargs,
     )

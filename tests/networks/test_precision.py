@@ -74,9 +74,12 @@ def test_param_dtype_bfloat16_stores_every_parameter_in_the_same_tree(name):
     assert nn.get_partition_spec(abstract16) == nn.get_partition_spec(abstract32)
     chex.assert_trees_all_equal_shapes(abstract16, abstract32)
     # Every matmul: float32 (bfloat16 weights upcast) unless compute_dtype asks for bfloat16.
+    # More rows than OBS: a float32 layer reading 6 features over 16 rows multiplies and adds
+    # instead of calling a dot (rljax.networks.matmul).
+    obs = jnp.tile(OBS, (4, 1))
     for compute, expected in (("float32", F32), ("bfloat16", BF16)):
         net = net32.clone(param_dtype="bfloat16", compute_dtype=compute)
-        jaxpr = jax.make_jaxpr(net.apply)(abstract16, OBS).jaxpr
+        jaxpr = jax.make_jaxpr(net.apply)(abstract16, obs).jaxpr
         dots = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "dot_general"]
         assert len(dots) >= 3 and {v.aval.dtype for e in dots for v in e.invars} == {expected}
 

@@ -1,0 +1,70 @@
+"""``nn.Dense``'s ``dot_general`` for rljax's layers: a narrow contraction over few rows as
+multiply-adds.
+
+An observation of ``K <= SMALL_CONTRACTION`` features (CartPole's 4) entering a layer while acting
+in ``<= SMALL_ROWS`` environments is ``K`` multiply-adds per output. XLA fuses those with the bias
+and the activation into one loop; a dot call on CPU costs more than its arithmetic there.
+Larger batches keep the dot, which was faster in the SGD step at 128 rows. Derivatives are dots
+either way: the multiply-adds' transpose would be reductions over the batch. Measurements:
+docs/performance.md ("What makes rljax faster").
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+SMALL_CONTRACTION = 8  # the largest contracted size computed as multiply-adds
+SMALL_ROWS = 32  # ... over at most this many rows (the product of the leading dimensions)
+
+
+def dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None):
+    """``lax.dot_general`` for ``nn.Dense``: ``x [..., K] . kernel [K, N] -> [..., N]``. Float32
+    operands with ``K <= SMALL_CONTRACTION`` and at most ``SMALL_ROWS`` rows (known sizes, not an
+    export's symbolic batch) take ``multiply_adds``; every other call is ``lax.dot_general``."""
+    contracting, batch = dimension_numbers
+    small = (
+        kernel.ndim == 2
+        and not batch[0]
+        and tuple(contracting[0]) == (x.ndim - 1,)
+        and tuple(contracting[1]) == (0,)
+        and all(isinstance(d, int) for d in x.shape)  # not symbolic (shape-polymorphic export)
+        and x.shape[-1] <= SMALL_CONTRACTION
+        and math.prod(x.shape[:-1]) <= SMALL_ROWS
+        and x.dtype == kernel.dtype == jnp.float32
+        and preferred_element_type in (None, jnp.float32)
+    )
+    if not small:
+        return lax.dot_general(
+            x, kernel, dimension_numbers, precision, preferred_element_type=preferred_element_type
+        )
+    return multiply_adds(x, kernel)
+
+
+@jax.custom_jvp
+def multiply_adds(x, kernel):
+    """``x [..., K] @ kernel [K, N]`` as ``sum_k x[..., k] * kernel[k]``, ``k`` in order."""
+    out = x[..., 0:1] * kernel[0]
+    for k in range(1, x.shape[-1]):
+        out = out + x[..., k : k + 1] * kernel[k]
+    return out
+
+
+def _multiply_adds_jvp(primals, tangents):
+    (x, kernel), (dx, dkernel) = primals, tangents
+    # Tangents as dots, so that reverse mode transposes them into dots too; an input without a
+    # tangent (the observation) adds no term.
+    terms = [jnp.matmul(dx, kernel)] if not _zero(dx) else []
+    terms += [jnp.matmul(x, dkernel)] if not _zero(dkernel) else []
+    out = multiply_adds(x, kernel)
+    return out, sum(terms[1:], terms[0]) if terms else jnp.zeros_like(out)
+
+
+def _zero(tangent) -> bool:
+    return isinstance(tangent, jax.custom_derivatives.SymbolicZero)
+
+
+multiply_adds.defjvp(_multiply_adds_jvp, symbolic_zeros=True)

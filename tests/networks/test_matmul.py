@@ -1,0 +1,102 @@
+"""``rljax.networks.matmul``: a narrow contraction over few rows is computed as multiply-adds whose
+values, gradients and tangents match a dot's (numpy reference), and every other call is the dot
+itself; the networks acting in a few environments take that path."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rljax.networks import ActorCritic, matmul
+
+DIMS = (((1,), (0,)), ((), ()))  # nn.Dense's: x [rows, K] . kernel [K, N]
+
+
+def draw(rows, k, n, dtype=jnp.float32):
+    x = jax.random.normal(jax.random.key(0), (rows, k), dtype)
+    kernel = jax.random.normal(jax.random.key(1), (k, n), dtype)
+    return x, kernel
+
+
+def uses_multiply_adds(fn, *args) -> bool:
+    return "multiply_adds" in str(jax.make_jaxpr(fn)(*args))
+
+
+@pytest.mark.parametrize("rows,k", [(1, 1), (4, 4), (32, 8), (3, 2)])
+def test_multiply_adds_equal_the_numpy_product(rows, k):
+    x, kernel = draw(rows, k, 7)
+    assert uses_multiply_adds(lambda x, w: matmul.dot_general(x, w, DIMS), x, kernel)
+    out = jax.jit(lambda x, w: matmul.dot_general(x, w, DIMS))(x, kernel)
+    want = np.asarray(x, np.float64) @ np.asarray(kernel, np.float64)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "rows,k,dtype",
+    [(33, 4, jnp.float32), (4, 9, jnp.float32), (4, 4, jnp.bfloat16)],
+    ids=["many-rows", "wide-contraction", "bfloat16"],
+)
+def test_other_shapes_and_dtypes_are_the_dot_itself(rows, k, dtype):
+    x, kernel = draw(rows, k, 7, dtype)
+    fn = lambda x, w: matmul.dot_general(x, w, DIMS)  # noqa: E731
+    assert not uses_multiply_adds(fn, x, kernel)
+    np.testing.assert_array_equal(
+        np.asarray(jax.jit(fn)(x, kernel), np.float32),
+        np.asarray(jax.jit(lambda x, w: jax.lax.dot_general(x, w, DIMS))(x, kernel), np.float32),
+    )
+
+
+def test_gradients_and_tangents_equal_the_dots_and_are_computed_by_dots():
+    x, kernel = draw(4, 4, 5)
+
+    def loss(product):
+        return lambda x, w: jnp.sum(jnp.tanh(product(x, w)) ** 2)
+
+    mine, dot = loss(lambda x, w: matmul.dot_general(x, w, DIMS)), loss(jnp.matmul)
+    for argnums in (0, 1, (0, 1)):
+        got, want = jax.grad(mine, argnums)(x, kernel), jax.grad(dot, argnums)(x, kernel)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+    tangent = jax.random.normal(jax.random.key(2), kernel.shape)
+    _, got = jax.jvp(lambda w: mine(x, w), (kernel,), (tangent,))
+    _, want = jax.jvp(lambda w: dot(x, w), (kernel,), (tangent,))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(
+        jax.hessian(mine, 1)(x, kernel), jax.hessian(dot, 1)(x, kernel), rtol=1e-4, atol=1e-5
+    )
+    # The weight gradient is a dot (one over the batch), not K reductions of broadcast products.
+    backward = str(jax.make_jaxpr(jax.grad(mine, 1))(x, kernel)).split("custom_jvp_call")[-1]
+    assert "dot_general" in backward and "reduce_sum[axes=(0,)" not in backward
+
+
+def test_vmapped_seeds_equal_each_seed_alone():
+    x, kernel = draw(4, 4, 6)
+    kernels = jnp.stack([kernel, -2.0 * kernel])
+    batched = jax.vmap(lambda w: matmul.dot_general(x, w, DIMS))(kernels)
+    for seed in range(2):
+        np.testing.assert_array_equal(batched[seed], matmul.dot_general(x, kernels[seed], DIMS))
+
+
+def test_the_policy_acting_in_four_environments_takes_multiply_adds_and_agrees_with_a_batch():
+    """CartPole's 4 features over 4 environments: multiply-adds; the same observations inside a
+    batch of 64 go through the dot, and both give the same logits and values to float32 rounding."""
+    net = ActorCritic(num_actions=2, actor_widths=(64, 64), critic_widths=(64, 64))
+    obs = jax.random.normal(jax.random.key(3), (64, 4))
+    params = jax.jit(net.init)(jax.random.key(4), obs[:4])
+    assert uses_multiply_adds(net.apply, params, obs[:4])
+    assert not uses_multiply_adds(net.apply, params, obs)
+    small, large = jax.jit(net.apply)(params, obs[:4]), jax.jit(net.apply)(params, obs)
+    for a, b in zip(small, large, strict=True):
+        np.testing.assert_allclose(a, b[:4], rtol=1e-5, atol=1e-6)
+
+
+def test_an_exported_symbolic_batch_takes_the_dot():
+    """``rljax export`` traces the policy for any batch (``b``): its size is unknown, so the dot."""
+    _, kernel = draw(4, 4, 6)
+    batch = jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 4"), jnp.float32)
+    exported = jax.export.export(jax.jit(lambda x, w: matmul.dot_general(x, w, DIMS)))(
+        batch, kernel
+    )
+    assert "multiply_adds" not in exported.mlir_module()
+    for rows in (3, 100):
+        x, _ = draw(rows, 4, 6)
+        np.testing.assert_allclose(exported.call(x, kernel), x @ kernel, rtol=1e-6, atol=1e-6)
