@@ -4,7 +4,8 @@ multiply-adds.
 An observation of ``K <= SMALL_CONTRACTION`` features (CartPole's 4) entering a layer while acting
 in ``<= SMALL_ROWS`` environments is ``K`` multiply-adds per output. XLA fuses those with the bias
 and the activation into one loop; a dot call on CPU costs more than its arithmetic there.
-Larger batches keep the dot, which was faster in the SGD step at 128 rows. Derivatives are dots
+Larger batches keep the dot, which was faster in the SGD step at 128 rows, unless they are
+vmapped (seeds): XLA CPU's batched dot is slower than the multiply-adds there. Derivatives are dots
 either way: the multiply-adds' transpose would be reductions over the batch. Measurements:
 docs/performance.md ("What makes rljax faster").
 """
@@ -23,8 +24,9 @@ SMALL_ROWS = 32  # ... over at most this many rows (the product of the leading d
 
 def dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None):
     """``lax.dot_general`` for ``nn.Dense``: ``x [..., K] . kernel [K, N] -> [..., N]``. Float32
-    operands with ``K <= SMALL_CONTRACTION`` and at most ``SMALL_ROWS`` rows (known sizes, not an
-    export's symbolic batch) take ``multiply_adds``; every other call is ``lax.dot_general``."""
+    operands with ``K <= SMALL_CONTRACTION`` (known sizes, not an export's symbolic batch) take
+    ``multiply_adds`` over at most ``SMALL_ROWS`` rows, and ``dot_unless_vmapped`` over more;
+    every other call is ``lax.dot_general``."""
     contracting, batch = dimension_numbers
     small = (
         kernel.ndim == 2
@@ -33,7 +35,6 @@ def dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_
         and tuple(contracting[1]) == (0,)
         and all(isinstance(d, int) for d in x.shape)  # not symbolic (shape-polymorphic export)
         and x.shape[-1] <= SMALL_CONTRACTION
-        and math.prod(x.shape[:-1]) <= SMALL_ROWS
         and x.dtype == kernel.dtype == jnp.float32
         and preferred_element_type in (None, jnp.float32)
     )
@@ -41,30 +42,67 @@ def dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_
         return lax.dot_general(
             x, kernel, dimension_numbers, precision, preferred_element_type=preferred_element_type
         )
-    return multiply_adds(x, kernel)
+    if math.prod(x.shape[:-1]) <= SMALL_ROWS:
+        return multiply_adds(x, kernel)
+    return dot_unless_vmapped(x, kernel)
+
+
+def _products(x, kernel):
+    """``sum_k x[..., k] * kernel[..., k, :]``, ``k`` in order (``kernel`` may lead with a batch
+    axis broadcast against ``x``'s rows)."""
+    out = x[..., 0:1] * kernel[..., 0, :]
+    for k in range(1, x.shape[-1]):
+        out = out + x[..., k : k + 1] * kernel[..., k, :]
+    return out
 
 
 @jax.custom_jvp
 def multiply_adds(x, kernel):
-    """``x [..., K] @ kernel [K, N]`` as ``sum_k x[..., k] * kernel[k]``, ``k`` in order."""
-    out = x[..., 0:1] * kernel[0]
-    for k in range(1, x.shape[-1]):
-        out = out + x[..., k : k + 1] * kernel[k]
-    return out
+    """``x [..., K] @ kernel [K, N]`` as multiply-adds, vmapped or not."""
+    return _products(x, kernel)
 
 
-def _multiply_adds_jvp(primals, tangents):
-    (x, kernel), (dx, dkernel) = primals, tangents
-    # Tangents as dots, so that reverse mode transposes them into dots too; an input without a
-    # tangent (the observation) adds no term.
-    terms = [jnp.matmul(dx, kernel)] if not _zero(dx) else []
-    terms += [jnp.matmul(x, dkernel)] if not _zero(dkernel) else []
-    out = multiply_adds(x, kernel)
-    return out, sum(terms[1:], terms[0]) if terms else jnp.zeros_like(out)
+@jax.custom_batching.custom_vmap
+def _dot_or_products(x, kernel):
+    return jnp.matmul(x, kernel)
+
+
+@_dot_or_products.def_vmap
+def _products_when_vmapped(axis_size, in_batched, x, kernel):
+    x_batched, kernel_batched = in_batched
+    if axis_size == 1 or not (x_batched or kernel_batched):  # one seed: the dot is faster
+        return jnp.matmul(x, kernel), x_batched or kernel_batched
+    if not x_batched:
+        x = jnp.broadcast_to(x, (axis_size, *x.shape))
+    if kernel_batched:  # [S, K, N] -> [S, 1 per row axis, K, N]
+        kernel = kernel.reshape(axis_size, *[1] * (x.ndim - 2), *kernel.shape[1:])
+    return _products(x, kernel), True
+
+
+@jax.custom_jvp
+def dot_unless_vmapped(x, kernel):
+    """``x [..., K] @ kernel [K, N]``: one dot, but multiply-adds under a ``vmap`` of two or
+    more (seeds, emulated replicas), where XLA CPU's batched dot of so narrow a contraction is
+    slower."""
+    return _dot_or_products(x, kernel)
+
+
+def _jvp_of(primal):
+    def jvp(primals, tangents):
+        (x, kernel), (dx, dkernel) = primals, tangents
+        # Tangents as dots, so that reverse mode transposes them into dots too; an input without
+        # a tangent (the observation) adds no term.
+        terms = [jnp.matmul(dx, kernel)] if not _zero(dx) else []
+        terms += [jnp.matmul(x, dkernel)] if not _zero(dkernel) else []
+        out = primal(x, kernel)
+        return out, sum(terms[1:], terms[0]) if terms else jnp.zeros_like(out)
+
+    return jvp
 
 
 def _zero(tangent) -> bool:
     return isinstance(tangent, jax.custom_derivatives.SymbolicZero)
 
 
-multiply_adds.defjvp(_multiply_adds_jvp, symbolic_zeros=True)
+multiply_adds.defjvp(_jvp_of(_products), symbolic_zeros=True)
+dot_unless_vmapped.defjvp(_jvp_of(_dot_or_products), symbolic_zeros=True)

@@ -100,3 +100,33 @@ def test_an_exported_symbolic_batch_takes_the_dot():
     for rows in (3, 100):
         x, _ = draw(rows, 4, 6)
         np.testing.assert_allclose(exported.call(x, kernel), x @ kernel, rtol=1e-6, atol=1e-6)
+
+
+def test_vmapped_large_batches_multiply_and_add_and_match_the_dot_and_its_gradients():
+    """Over more than SMALL_ROWS rows one call is a dot, but vmapped over two or more (seeds,
+    emulated replicas) it multiplies and adds: values, gradients and tangents equal each seed's
+    dot."""
+    x, kernel = draw(64, 4, 6)
+    kernels = jnp.stack([kernel, -0.5 * kernel, 2.0 * kernel])
+    fn = lambda w: matmul.dot_general(x, w, DIMS)  # noqa: E731
+    assert "dot_general" in str(jax.make_jaxpr(jax.jit(fn))(kernel))
+    lowered = jax.jit(jax.vmap(fn)).lower(kernels).as_text()
+    assert "dot_general" not in lowered and "multiply" in lowered
+    # One seed (a vmap of size 1) keeps the dot, which is faster there.
+    assert "dot_general" in jax.jit(jax.vmap(fn)).lower(kernels[:1]).as_text()
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(matmul.dot_general(x, w, DIMS)) ** 2)
+
+    def reference(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    xs = jnp.stack([x, x + 1.0, x * 0.5])
+    for transform in (jax.vmap, lambda f: jax.vmap(jax.vmap(f, (None, 0)), (0, None))):
+        got = transform(jax.value_and_grad(loss, (0, 1)))(kernels, xs)
+        want = transform(jax.value_and_grad(reference, (0, 1)))(kernels, xs)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), got, want)
+    tangent = jnp.ones_like(kernels)
+    got = jax.vmap(lambda w, t: jax.jvp(lambda w: loss(w, x), (w,), (t,)))(kernels, tangent)
+    want = jax.vmap(lambda w, t: jax.jvp(lambda w: reference(w, x), (w,), (t,)))(kernels, tangent)
+    np.testing.assert_allclose(got, want, rtol=1e-5)

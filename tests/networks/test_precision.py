@@ -75,13 +75,23 @@ def test_param_dtype_bfloat16_stores_every_parameter_in_the_same_tree(name):
     chex.assert_trees_all_equal_shapes(abstract16, abstract32)
     # Every matmul: float32 (bfloat16 weights upcast) unless compute_dtype asks for bfloat16.
     # More rows than OBS: a float32 layer reading 6 features over 16 rows multiplies and adds
-    # instead of calling a dot (rljax.networks.matmul).
+    # instead of calling a dot (rljax.networks.matmul); over 64 its dot sits in a custom_jvp.
     obs = jnp.tile(OBS, (4, 1))
     for compute, expected in (("float32", F32), ("bfloat16", BF16)):
         net = net32.clone(param_dtype="bfloat16", compute_dtype=compute)
         jaxpr = jax.make_jaxpr(net.apply)(abstract16, obs).jaxpr
-        dots = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "dot_general"]
+        dots = [eqn for eqn in all_equations(jaxpr) if eqn.primitive.name == "dot_general"]
         assert len(dots) >= 3 and {v.aval.dtype for e in dots for v in e.invars} == {expected}
+
+
+def all_equations(jaxpr):
+    """The equations of ``jaxpr`` and of every jaxpr nested in them (custom_jvp, custom_vmap)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if hasattr(inner, "eqns"):
+                yield from all_equations(inner)
 
 
 TINY = dict(
