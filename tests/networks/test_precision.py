@@ -21,6 +21,7 @@ from rljax.networks import ActorCritic, QNetwork, ResidualActorCritic, ResidualQ
 from rljax.run import memory
 from rljax.run.sharded import prepare
 from tests.networks.host_params import draw_host_params
+from tests.networks.jaxprs import all_equations
 
 OBS = jax.random.normal(jax.random.key(1), (16, 6))
 BF16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
@@ -82,16 +83,6 @@ def test_param_dtype_bfloat16_stores_every_parameter_in_the_same_tree(name):
         jaxpr = jax.make_jaxpr(net.apply)(abstract16, obs).jaxpr
         dots = [eqn for eqn in all_equations(jaxpr) if eqn.primitive.name == "dot_general"]
         assert len(dots) >= 3 and {v.aval.dtype for e in dots for v in e.invars} == {expected}
-
-
-def all_equations(jaxpr):
-    """The equations of ``jaxpr`` and of every jaxpr nested in them (custom_jvp, custom_vmap)."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for param in eqn.params.values():
-            inner = getattr(param, "jaxpr", param)
-            if hasattr(inner, "eqns"):
-                yield from all_equations(inner)
 
 
 TINY = dict(

@@ -12,6 +12,7 @@ import pytest
 
 from rljax.networks import ActorCritic, QNetwork, ResidualActorCritic, ResidualQNetwork
 from tests.networks.host_params import draw_host_params
+from tests.networks.jaxprs import all_equations
 
 OBS = jax.random.normal(jax.random.key(2), (8, 6))
 TARGETS = jnp.linspace(-1.0, 1.0, 8)
@@ -42,15 +43,7 @@ def host_params(name):
 
 def checkpoints(jaxpr) -> int:
     """Checkpointed sub-programs in ``jaxpr``, nested ones included."""
-    count = 0
-    for eqn in jaxpr.eqns:
-        count += eqn.primitive.name in CHECKPOINT_PRIMITIVES
-        for value in eqn.params.values():
-            for item in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(item, "jaxpr", item)
-                if hasattr(inner, "eqns"):
-                    count += checkpoints(inner)
-    return count
+    return sum(eqn.primitive.name in CHECKPOINT_PRIMITIVES for eqn in all_equations(jaxpr))
 
 
 @functools.cache
