@@ -1,13 +1,16 @@
 """``nn.Dense``'s ``dot_general`` for rljax's layers: a narrow contraction over few rows as
-multiply-adds.
+multiply-adds, and a narrow output's weight gradient one column at a time.
 
 An observation of ``K <= SMALL_CONTRACTION`` features (CartPole's 4) entering a layer while acting
 in ``<= SMALL_ROWS`` environments is ``K`` multiply-adds per output. XLA fuses those with the bias
 and the activation into one loop; a dot call on CPU costs more than its arithmetic there.
 Larger batches keep the dot, which was faster in the SGD step at 128 rows, unless they are
 vmapped (seeds): XLA CPU's batched dot is slower than the multiply-adds there. Derivatives are dots
-either way: the multiply-adds' transpose would be reductions over the batch. Measurements:
-docs/performance.md ("What makes rljax faster").
+either way: the multiply-adds' transpose would be reductions over the batch.
+
+A head of ``2 <= n <= SMALL_OUTPUTS`` outputs (policy logits, Q-values) is the dot, but its
+kernel's gradient ``x^T g`` is ``n`` vector-matrix products: XLA CPU's dot of a ``[rows, n]``
+cotangent is 2-5x slower. Measurements: docs/performance.md ("What makes rljax faster").
 """
 
 from __future__ import annotations
@@ -20,31 +23,34 @@ from jax import lax
 
 SMALL_CONTRACTION = 8  # the largest contracted size computed as multiply-adds
 SMALL_ROWS = 32  # ... over at most this many rows (the product of the leading dimensions)
+SMALL_OUTPUTS = 8  # a layer of 2 to this many outputs (a head) takes narrow_output
 
 
 def dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None):
     """``lax.dot_general`` for ``nn.Dense``: ``x [..., K] . kernel [K, N] -> [..., N]``. Float32
-    operands with ``K <= SMALL_CONTRACTION`` (known sizes, not an export's symbolic batch) take
-    ``multiply_adds`` over at most ``SMALL_ROWS`` rows, and ``dot_unless_vmapped`` over more;
-    every other call is ``lax.dot_general``."""
+    operands of known sizes (not an export's symbolic batch) with ``K <= SMALL_CONTRACTION`` take
+    ``multiply_adds`` over at most ``SMALL_ROWS`` rows and ``dot_unless_vmapped`` over more; a
+    wider ``K`` into ``2 <= N <= SMALL_OUTPUTS`` outputs takes ``narrow_output``. Every other call
+    is ``lax.dot_general``."""
     contracting, batch = dimension_numbers
-    small = (
+    plain_float32 = (
         kernel.ndim == 2
         and not batch[0]
         and tuple(contracting[0]) == (x.ndim - 1,)
         and tuple(contracting[1]) == (0,)
         and all(isinstance(d, int) for d in x.shape)  # not symbolic (shape-polymorphic export)
-        and x.shape[-1] <= SMALL_CONTRACTION
         and x.dtype == kernel.dtype == jnp.float32
         and preferred_element_type in (None, jnp.float32)
     )
-    if not small:
-        return lax.dot_general(
-            x, kernel, dimension_numbers, precision, preferred_element_type=preferred_element_type
-        )
-    if math.prod(x.shape[:-1]) <= SMALL_ROWS:
-        return multiply_adds(x, kernel)
-    return dot_unless_vmapped(x, kernel)
+    if plain_float32 and x.shape[-1] <= SMALL_CONTRACTION:
+        if math.prod(x.shape[:-1]) <= SMALL_ROWS:
+            return multiply_adds(x, kernel)
+        return dot_unless_vmapped(x, kernel)
+    if plain_float32 and precision is None and 2 <= kernel.shape[1] <= SMALL_OUTPUTS:
+        return narrow_output(x, kernel)
+    return lax.dot_general(
+        x, kernel, dimension_numbers, precision, preferred_element_type=preferred_element_type
+    )
 
 
 def _products(x, kernel):
@@ -87,17 +93,31 @@ def dot_unless_vmapped(x, kernel):
     return _dot_or_products(x, kernel)
 
 
-def _jvp_of(primal):
+def _jvp_of(primal, kernel_tangent=jnp.matmul):
     def jvp(primals, tangents):
         (x, kernel), (dx, dkernel) = primals, tangents
         # Tangents as dots, so that reverse mode transposes them into dots too; an input without
         # a tangent (the observation) adds no term.
         terms = [jnp.matmul(dx, kernel)] if not _zero(dx) else []
-        terms += [jnp.matmul(x, dkernel)] if not _zero(dkernel) else []
+        terms += [kernel_tangent(x, dkernel)] if not _zero(dkernel) else []
         out = primal(x, kernel)
         return out, sum(terms[1:], terms[0]) if terms else jnp.zeros_like(out)
 
     return jvp
+
+
+@jax.custom_jvp
+def narrow_output(x, kernel):
+    """``x [..., K] @ kernel [K, n]`` for a narrow ``n`` (a policy or Q head): the dot, whose
+    kernel tangent is ``n`` matrix-vector products. Reverse mode transposes those into ``n``
+    vector-matrix products over the rows, where XLA CPU's dot of ``x^T [K, rows]`` with the
+    cotangent ``[rows, n]`` is 2-5x slower."""
+    return jnp.matmul(x, kernel)
+
+
+def _columns(x, kernel):
+    """``x [..., K] @ kernel [K, n]`` one output column at a time."""
+    return jnp.stack([x @ kernel[:, j] for j in range(kernel.shape[1])], axis=-1)
 
 
 def _zero(tangent) -> bool:
@@ -106,3 +126,4 @@ def _zero(tangent) -> bool:
 
 multiply_adds.defjvp(_jvp_of(_products), symbolic_zeros=True)
 dot_unless_vmapped.defjvp(_jvp_of(_dot_or_products), symbolic_zeros=True)
+narrow_output.defjvp(_jvp_of(jnp.matmul, kernel_tangent=_columns), symbolic_zeros=True)

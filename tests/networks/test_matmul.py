@@ -1,6 +1,7 @@
 """``rljax.networks.matmul``: a narrow contraction over few rows is computed as multiply-adds whose
 values, gradients and tangents match a dot's (numpy reference), and every other call is the dot
-itself; the networks acting in a few environments take that path."""
+itself; the networks acting in a few environments take that path. A narrow output layer (a head)
+is the dot, with its weight gradient as one vector-matrix product per output."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from rljax.networks import ActorCritic, matmul
+from tests.networks.jaxprs import all_equations
 
 DIMS = (((1,), (0,)), ((), ()))  # nn.Dense's: x [rows, K] . kernel [K, N]
 
@@ -34,7 +36,7 @@ def test_multiply_adds_equal_the_numpy_product(rows, k):
 @pytest.mark.parametrize(
     "rows,k,dtype",
     [(33, 4, jnp.float32), (4, 9, jnp.float32), (4, 4, jnp.bfloat16)],
-    ids=["many-rows", "wide-contraction", "bfloat16"],
+    ids=["many-rows", "wide-contraction-narrow-output", "bfloat16"],
 )
 def test_other_shapes_and_dtypes_are_the_dot_itself(rows, k, dtype):
     x, kernel = draw(rows, k, 7, dtype)
@@ -130,3 +132,84 @@ def test_vmapped_large_batches_multiply_and_add_and_match_the_dot_and_its_gradie
     got = jax.vmap(lambda w, t: jax.jvp(lambda w: loss(w, x), (w,), (t,)))(kernels, tangent)
     want = jax.vmap(lambda w, t: jax.jvp(lambda w: reference(w, x), (w,), (t,)))(kernels, tangent)
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def uses_narrow_output(fn, *args) -> bool:
+    return "narrow_output" in str(jax.make_jaxpr(fn)(*args))
+
+
+@pytest.mark.parametrize(
+    "rows,k,n,dtype,narrow",
+    [
+        (128, 84, 2, jnp.float32, True),
+        (4, 64, 8, jnp.float32, True),
+        (128, 64, 1, jnp.float32, False),
+        (128, 64, 9, jnp.float32, False),
+        (128, 64, 2, jnp.bfloat16, False),
+    ],
+    ids=["q-head", "8-outputs", "one-output", "9-outputs", "bfloat16"],
+)
+def test_narrow_output_layers_take_narrow_output_and_compute_the_dot(rows, k, n, dtype, narrow):
+    """2 to SMALL_OUTPUTS float32 outputs (over a contraction wider than SMALL_CONTRACTION) take
+    narrow_output, whose value is the dot's bit for bit; others are the dot itself."""
+    x, kernel = draw(rows, k, n, dtype)
+    fn = lambda x, w: matmul.dot_general(x, w, DIMS)  # noqa: E731
+    assert uses_narrow_output(fn, x, kernel) == narrow
+    np.testing.assert_array_equal(
+        np.asarray(jax.jit(fn)(x, kernel), np.float32),
+        np.asarray(jax.jit(lambda x, w: jax.lax.dot_general(x, w, DIMS))(x, kernel), np.float32),
+    )
+
+
+def test_narrow_output_gradients_and_tangents_match_numpy_and_the_weight_gradient_is_by_column():
+    """The Q head's shape (128 rows, 84 features, 2 actions): gradients against a float64 numpy
+    reference, tangents and Hessians against the dot's, unbatched and under a vmap of seeds. Reverse
+    mode computes the kernel's gradient as one vector-matrix product per output ``[rows] x [rows,
+    K] -> [K]``, never a dot of the ``[rows, 2]`` cotangent."""
+    x, kernel = draw(128, 84, 2)
+    target = jax.random.normal(jax.random.key(5), (128, 2))
+
+    def loss(product):
+        return lambda x, w: 0.5 * jnp.sum((product(x, w) - target) ** 2)
+
+    mine, dot = loss(lambda x, w: matmul.dot_general(x, w, DIMS)), loss(jnp.matmul)
+    gx, gw = jax.jit(jax.grad(mine, (0, 1)))(x, kernel)
+    x64, w64 = np.asarray(x, np.float64), np.asarray(kernel, np.float64)
+    residual = x64 @ w64 - np.asarray(target, np.float64)
+    np.testing.assert_allclose(gw, x64.T @ residual, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(gx, residual @ w64.T, rtol=1e-4, atol=1e-3)
+    tangent = jax.random.normal(jax.random.key(6), kernel.shape)
+    _, got = jax.jvp(lambda w: mine(x, w), (kernel,), (tangent,))
+    _, want = jax.jvp(lambda w: dot(x, w), (kernel,), (tangent,))
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    small_x, small_w = x[:8, :12], kernel[:12]
+
+    def curved(product):
+        return lambda w: jnp.sum(jnp.tanh(product(small_x, w)) ** 2)
+
+    np.testing.assert_allclose(
+        jax.hessian(curved(lambda x, w: matmul.dot_general(x, w, DIMS)))(small_w),
+        jax.hessian(curved(jnp.matmul))(small_w),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+    kernels = jnp.stack([kernel, -0.5 * kernel, 2.0 * kernel])
+    got = jax.vmap(jax.value_and_grad(mine, (0, 1)), (None, 0))(x, kernels)
+    want = jax.vmap(jax.value_and_grad(dot, (0, 1)), (None, 0))(x, kernels)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3), got, want)
+
+    weight_grad = jax.make_jaxpr(jax.grad(mine, 1))(x, kernel)
+    dots = [e for e in all_equations(weight_grad.jaxpr) if e.primitive.name == "dot_general"]
+    to_kernel = [e for e in dots if e.outvars[0].aval.shape == (84,)]
+    assert len(to_kernel) == 2  # one per action
+    assert not any(e.outvars[0].aval.shape == (84, 2) for e in dots)
+
+
+def test_a_q_network_takes_narrow_output_for_its_head_only():
+    """DQN's CartPole Q-network: the 2-action head is narrow_output; its hidden layers are not."""
+    from rljax import DQN, DQNConfig
+
+    dqn = DQN(DQNConfig())
+    params = dqn.init_params(jax.random.key(0))
+    jaxpr = jax.make_jaxpr(dqn.network.apply)(params, jnp.ones((128, 4)))
+    assert str(jaxpr).count("name=narrow_output") == 1
