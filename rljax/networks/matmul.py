@@ -29,9 +29,8 @@ SMALL_OUTPUTS = 8  # a layer of 2 to this many outputs (a head) takes narrow_out
 def dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None):
     """``lax.dot_general`` for ``nn.Dense``: ``x [..., K] . kernel [K, N] -> [..., N]``. Float32
     operands of known sizes (not an export's symbolic batch) with ``K <= SMALL_CONTRACTION`` take
-    ``multiply_adds`` over at most ``SMALL_ROWS`` rows and ``dot_unless_vmapped`` over more; a
-    wider ``K`` into ``2 <= N <= SMALL_OUTPUTS`` outputs takes ``narrow_output``. Every other call
-    is ``lax.dot_general``."""
+    ``narrow_contraction``; a wider ``K`` into ``2 <= N <= SMALL_OUTPUTS`` outputs takes
+    ``narrow_output``. Every other call is ``lax.dot_general``."""
     contracting, batch = dimension_numbers
     plain_float32 = (
         kernel.ndim == 2
@@ -43,9 +42,7 @@ def dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_
         and preferred_element_type in (None, jnp.float32)
     )
     if plain_float32 and x.shape[-1] <= SMALL_CONTRACTION:
-        if math.prod(x.shape[:-1]) <= SMALL_ROWS:
-            return multiply_adds(x, kernel)
-        return dot_unless_vmapped(x, kernel)
+        return narrow_contraction(x, kernel)
     if plain_float32 and precision is None and 2 <= kernel.shape[1] <= SMALL_OUTPUTS:
         return narrow_output(x, kernel)
     return lax.dot_general(
@@ -62,48 +59,38 @@ def _products(x, kernel):
     return out
 
 
-@jax.custom_jvp
-def multiply_adds(x, kernel):
-    """``x [..., K] @ kernel [K, N]`` as multiply-adds, vmapped or not."""
-    return _products(x, kernel)
-
-
-@jax.custom_batching.custom_vmap
-def _dot_or_products(x, kernel):
+def _by_rows(x, kernel):
+    """One call: multiply-adds over at most ``SMALL_ROWS`` rows, the dot over more."""
+    if math.prod(x.shape[:-1]) <= SMALL_ROWS:
+        return _products(x, kernel)
     return jnp.matmul(x, kernel)
 
 
-@_dot_or_products.def_vmap
-def _products_when_vmapped(axis_size, in_batched, x, kernel):
+_products_or_dot = jax.custom_batching.custom_vmap(_by_rows)
+
+
+@_products_or_dot.def_vmap
+def _vmapped(axis_size, in_batched, x, kernel):
+    """Under a vmap of two or more (seeds, emulated replicas): multiply-adds over any number of
+    rows, where XLA CPU's batched dot of so narrow a contraction is slower. A vmap of one keeps
+    the rule of one call."""
     x_batched, kernel_batched = in_batched
-    if axis_size == 1 or not (x_batched or kernel_batched):  # one seed: the dot is faster
-        return jnp.matmul(x, kernel), x_batched or kernel_batched
+    if not (x_batched or kernel_batched):  # nothing to batch (higher-order derivatives)
+        return _by_rows(x, kernel), False
     if not x_batched:
         x = jnp.broadcast_to(x, (axis_size, *x.shape))
+    if axis_size == 1 and math.prod(x.shape[1:-1]) > SMALL_ROWS:
+        return jnp.matmul(x, kernel), True
     if kernel_batched:  # [S, K, N] -> [S, 1 per row axis, K, N]
         kernel = kernel.reshape(axis_size, *[1] * (x.ndim - 2), *kernel.shape[1:])
     return _products(x, kernel), True
 
 
 @jax.custom_jvp
-def dot_unless_vmapped(x, kernel):
-    """``x [..., K] @ kernel [K, N]``: one dot, but multiply-adds under a ``vmap`` of two or
-    more (seeds, emulated replicas), where XLA CPU's batched dot of so narrow a contraction is
-    slower."""
-    return _dot_or_products(x, kernel)
-
-
-def _jvp_of(primal, kernel_tangent=jnp.matmul):
-    def jvp(primals, tangents):
-        (x, kernel), (dx, dkernel) = primals, tangents
-        # Tangents as dots, so that reverse mode transposes them into dots too; an input without
-        # a tangent (the observation) adds no term.
-        terms = [jnp.matmul(dx, kernel)] if not _zero(dx) else []
-        terms += [kernel_tangent(x, dkernel)] if not _zero(dkernel) else []
-        out = primal(x, kernel)
-        return out, sum(terms[1:], terms[0]) if terms else jnp.zeros_like(out)
-
-    return jvp
+def narrow_contraction(x, kernel):
+    """``x [..., K] @ kernel [K, N]`` for ``K <= SMALL_CONTRACTION``: multiply-adds over at most
+    ``SMALL_ROWS`` rows or under a vmap of two or more, the dot otherwise."""
+    return _products_or_dot(x, kernel)
 
 
 @jax.custom_jvp
@@ -120,10 +107,22 @@ def _columns(x, kernel):
     return jnp.stack([x @ kernel[:, j] for j in range(kernel.shape[1])], axis=-1)
 
 
+def _jvp_of(primal, kernel_tangent=jnp.matmul):
+    def jvp(primals, tangents):
+        (x, kernel), (dx, dkernel) = primals, tangents
+        # Tangents as dots, so that reverse mode transposes them into dots too; an input without
+        # a tangent (the observation) adds no term.
+        terms = [jnp.matmul(dx, kernel)] if not _zero(dx) else []
+        terms += [kernel_tangent(x, dkernel)] if not _zero(dkernel) else []
+        out = primal(x, kernel)
+        return out, sum(terms[1:], terms[0]) if terms else jnp.zeros_like(out)
+
+    return jvp
+
+
 def _zero(tangent) -> bool:
     return isinstance(tangent, jax.custom_derivatives.SymbolicZero)
 
 
-multiply_adds.defjvp(_jvp_of(_products), symbolic_zeros=True)
-dot_unless_vmapped.defjvp(_jvp_of(_dot_or_products), symbolic_zeros=True)
+narrow_contraction.defjvp(_jvp_of(_products_or_dot), symbolic_zeros=True)
 narrow_output.defjvp(_jvp_of(jnp.matmul, kernel_tangent=_columns), symbolic_zeros=True)
