@@ -133,6 +133,10 @@ def test_vmapped_large_batches_multiply_and_add_and_match_the_dot_and_its_gradie
     got = jax.vmap(lambda w, t: jax.jvp(lambda w: loss(w, x), (w,), (t,)))(kernels, tangent)
     want = jax.vmap(lambda w, t: jax.jvp(lambda w: reference(w, x), (w,), (t,)))(kernels, tangent)
     np.testing.assert_allclose(got, want, rtol=1e-5)
+    # Second order: jacfwd vmaps over a basis the multiply-adds' inputs may not depend on.
+    np.testing.assert_allclose(
+        jax.hessian(loss)(kernel, x), jax.hessian(reference)(kernel, x), rtol=1e-4, atol=1e-4
+    )
 
 
 def uses_narrow_output(fn, *args) -> bool:
