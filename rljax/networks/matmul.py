@@ -28,9 +28,10 @@ SMALL_OUTPUTS = 8  # a layer of 2 to this many outputs (a head) takes narrow_out
 
 def dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None):
     """``lax.dot_general`` for ``nn.Dense``: ``x [..., K] . kernel [K, N] -> [..., N]``. Float32
-    operands of known sizes (not an export's symbolic batch) with ``K <= SMALL_CONTRACTION`` take
-    ``narrow_contraction``; a wider ``K`` into ``2 <= N <= SMALL_OUTPUTS`` outputs takes
-    ``narrow_output``. Every other call is ``lax.dot_general``."""
+    operands of known sizes (not an export's symbolic batch) at the default precision take
+    ``narrow_contraction`` when ``K <= SMALL_CONTRACTION``, and ``narrow_output`` when a wider
+    ``K`` goes into ``2 <= N <= SMALL_OUTPUTS`` outputs. Every other call is
+    ``lax.dot_general``."""
     contracting, batch = dimension_numbers
     plain_float32 = (
         kernel.ndim == 2
@@ -40,10 +41,11 @@ def dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_
         and all(isinstance(d, int) for d in x.shape)  # not symbolic (shape-polymorphic export)
         and x.dtype == kernel.dtype == jnp.float32
         and preferred_element_type in (None, jnp.float32)
+        and precision is None
     )
     if plain_float32 and x.shape[-1] <= SMALL_CONTRACTION:
         return narrow_contraction(x, kernel)
-    if plain_float32 and precision is None and 2 <= kernel.shape[1] <= SMALL_OUTPUTS:
+    if plain_float32 and 2 <= kernel.shape[1] <= SMALL_OUTPUTS:
         return narrow_output(x, kernel)
     return lax.dot_general(
         x, kernel, dimension_numbers, precision, preferred_element_type=preferred_element_type
